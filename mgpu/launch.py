@@ -1,0 +1,344 @@
+"""Run a training function or script on N data-parallel workers.
+
+This is the one launcher the notebooks, the tests and the grader use. It starts the job with
+Horovod's own ``horovodrun`` so a learner sees the same command they would type:
+
+- no GPU: N worker processes over Gloo on the CPU cores, each given ``cores // N`` threads so that
+  four "simulated GPUs" fit on a laptop;
+- GPUs: one process per GPU, each worker pinned to the GPU of its local rank before TensorFlow
+  starts (see :func:`pin_gpu`).
+
+The launcher returns the workers' exit status and rank 0's return value, streams the workers'
+output while they run, and never leaves a worker process behind: every process it starts carries
+a private marker in its environment and is killed at the end, whether the job finished, one rank
+crashed, the time ran out or the user pressed Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import cloudpickle
+import psutil
+
+#: Environment variable that marks every process of one launch (used to find orphans).
+LAUNCH_MARKER = "MGPU_LAUNCH_ID"
+#: Environment variable telling each worker how many CPU threads it may use.
+THREADS_VARIABLE = "MGPU_THREADS_PER_WORKER"
+#: Seconds Gloo and horovodrun wait for all workers to start; 2-core machines need a lot.
+DEFAULT_START_TIMEOUT = 180
+
+
+class LaunchError(RuntimeError):
+    """A distributed run did not succeed; the message says which rank failed and why."""
+
+
+@dataclass
+class LaunchResult:
+    """What a distributed run produced."""
+
+    num_workers: int
+    returncode: int | None
+    rank_status: dict[int, str]
+    value: Any = None
+    output: str = ""
+    timed_out: bool = False
+    seconds: float = 0.0
+    command: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return (
+            self.returncode == 0
+            and not self.timed_out
+            and all(self.rank_status.get(r) == "ok" for r in range(self.num_workers))
+        )
+
+    def failure_reason(self) -> str:
+        """One line saying why the run failed ('' when it succeeded)."""
+        if self.ok:
+            return ""
+        if self.timed_out:
+            return f"timed out after {self.seconds:.0f} s"
+        problems = [
+            f"rank {r}: {self.rank_status.get(r, 'died without reporting (killed or crashed)')}"
+            for r in range(self.num_workers)
+            if self.rank_status.get(r) != "ok"
+        ]
+        detail = "; ".join(problems) if problems else "all ranks reported success"
+        first = failed_rank_line(self.output)
+        return f"horovodrun exited with status {self.returncode}: {detail}" + (f" ({first})" if first else "")
+
+    def raise_for_status(self) -> "LaunchResult":
+        if not self.ok:
+            raise LaunchError(self.failure_reason())
+        return self
+
+
+# --------------------------------------------------------------------------------------------
+# Devices: threads per worker on CPU, one GPU per local rank otherwise
+
+
+def available_cores() -> int:
+    """CPU cores this process may run on (respects affinity masks and containers)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+def threads_per_worker(num_workers: int, cores: int | None = None) -> int:
+    """Split the cores evenly between workers, at least one thread each."""
+    if num_workers < 1:
+        raise ValueError(f"num_workers must be at least 1, got {num_workers}")
+    cores = available_cores() if cores is None else cores
+    return max(1, cores // num_workers)
+
+
+def choose_gpu(local_rank: int, gpus: Sequence[Any], local_size: int | None = None) -> Any | None:
+    """The GPU a worker of ``local_rank`` owns: one GPU per local rank, never shared.
+
+    Returns None when there is no GPU (the worker runs on the CPU). Raises when more workers
+    were started on this host than it has GPUs, because two workers on one GPU would make
+    every measurement in the course wrong without saying so.
+    """
+    if not gpus:
+        return None
+    if local_size is not None and local_size > len(gpus):
+        raise LaunchError(
+            f"{local_size} workers on this host but only {len(gpus)} GPU(s): "
+            f"start at most {len(gpus)} workers per host"
+        )
+    if not 0 <= local_rank < len(gpus):
+        raise LaunchError(f"local rank {local_rank} has no GPU (this host has {len(gpus)})")
+    return gpus[local_rank]
+
+
+def pin_gpu(local_rank: int | None = None, local_size: int | None = None) -> str:
+    """Make only this worker's GPU visible to TensorFlow; size CPU threads otherwise.
+
+    Call it before the first TensorFlow operation (the launcher's workers call it for you).
+    Returns a short description of the device the worker uses.
+    """
+    import tensorflow as tf
+
+    if local_rank is None:
+        local_rank = int(os.environ.get("HOROVOD_LOCAL_RANK", "0"))
+    if local_size is None:
+        local_size = int(os.environ.get("HOROVOD_LOCAL_SIZE", "1"))
+    gpus = tf.config.list_physical_devices("GPU")
+    gpu = choose_gpu(local_rank, gpus, local_size)
+    if gpu is not None:
+        tf.config.set_visible_devices(gpu, "GPU")
+        tf.config.experimental.set_memory_growth(gpu, True)
+        return f"GPU {gpu.name}"
+    threads = int(os.environ.get(THREADS_VARIABLE, "0")) or threads_per_worker(local_size)
+    try:
+        tf.config.threading.set_intra_op_parallelism_threads(threads)
+        tf.config.threading.set_inter_op_parallelism_threads(max(2, threads))
+    except RuntimeError:
+        pass  # TensorFlow already started: its thread pools are fixed now.
+    return f"CPU ({threads} thread{'s' if threads > 1 else ''})"
+
+
+# --------------------------------------------------------------------------------------------
+# Process clean-up
+
+
+def marked_processes(launch_id: str) -> list[psutil.Process]:
+    """Every live process whose environment carries this launch's marker."""
+    found = []
+    for proc in psutil.process_iter(["pid"]):
+        if proc.pid == os.getpid():
+            continue
+        try:
+            if proc.environ().get(LAUNCH_MARKER) == launch_id:
+                found.append(proc)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, OSError):
+            continue
+    return found
+
+
+def kill_processes(procs: list[psutil.Process], grace: float = 3.0) -> None:
+    """SIGTERM, wait up to ``grace`` seconds, then SIGKILL what is left."""
+    for proc in procs:
+        try:
+            proc.terminate()
+        except psutil.NoSuchProcess:
+            pass
+    _, alive = psutil.wait_procs(procs, timeout=grace)
+    for proc in alive:
+        try:
+            proc.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(alive, timeout=grace)
+
+
+def _kill_launch(popen: subprocess.Popen, launch_id: str) -> None:
+    """End horovodrun, its process group and every marked process, wherever it re-parented."""
+    if popen.poll() is None:
+        try:
+            os.killpg(popen.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+        try:
+            popen.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            try:
+                os.killpg(popen.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            popen.wait()
+    # Horovod starts each worker in a session of its own, so the group kill above does not
+    # reach them; the marker does. Loop: a dying middleman may still be forking.
+    for _ in range(3):
+        procs = marked_processes(launch_id)
+        if not procs:
+            return
+        kill_processes(procs)
+
+
+# --------------------------------------------------------------------------------------------
+# Launching
+
+
+def horovodrun_command(num_workers: int, worker_argv: Sequence[str], start_timeout: int) -> list[str]:
+    """The horovodrun command line for ``num_workers`` local workers over Gloo."""
+    horovodrun = shutil.which("horovodrun", path=str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", ""))
+    if horovodrun is None:
+        raise LaunchError("horovodrun not found: run `make setup` (it builds Horovod into .venv)")
+    return [
+        horovodrun,
+        "-np", str(num_workers),
+        "-H", f"localhost:{num_workers}",
+        "--gloo",
+        "--start-timeout", str(start_timeout),
+        *worker_argv,
+    ]
+
+
+def _stream(pipe, sink: list[str], echo: bool) -> None:
+    for line in iter(pipe.readline, ""):
+        sink.append(line)
+        if echo:
+            sys.stdout.write(line)
+            sys.stdout.flush()
+    pipe.close()
+
+
+def _launch(num_workers: int, job_dir: Path, timeout: float | None, verbose: bool,
+            env: dict[str, str] | None, start_timeout: int) -> LaunchResult:
+    if num_workers < 1:
+        raise ValueError(f"num_workers must be at least 1, got {num_workers}")
+    launch_id = uuid.uuid4().hex
+    child_env = dict(os.environ)
+    child_env.update(env or {})
+    child_env[LAUNCH_MARKER] = launch_id
+    child_env.setdefault(THREADS_VARIABLE, str(threads_per_worker(num_workers)))
+    child_env.setdefault("HOROVOD_GLOO_TIMEOUT_SECONDS", str(start_timeout))
+    child_env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    child_env.setdefault("PYTHONUNBUFFERED", "1")
+    # The workers import this package even when it is not installed (a fresh clone).
+    package_root = str(Path(__file__).resolve().parents[1])
+    child_env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, child_env.get("PYTHONPATH")) if p)
+    command = horovodrun_command(
+        num_workers, [sys.executable, "-m", "mgpu._worker", str(job_dir)], start_timeout
+    )
+
+    lines: list[str] = []
+    started = time.monotonic()
+    popen = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+        text=True, errors="replace", env=child_env, start_new_session=True,
+    )
+    reader = threading.Thread(target=_stream, args=(popen.stdout, lines, verbose), daemon=True)
+    reader.start()
+    timed_out = False
+    try:
+        popen.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+    finally:
+        # Also runs on KeyboardInterrupt, which then propagates to the caller.
+        _kill_launch(popen, launch_id)
+        reader.join(timeout=10)
+    seconds = time.monotonic() - started
+
+    status = {}
+    for rank in range(num_workers):
+        path = job_dir / f"status-{rank}.json"
+        if path.exists():
+            try:
+                status[rank] = json.loads(path.read_text())["status"]
+            except (ValueError, KeyError):
+                status[rank] = "wrote an unreadable status file"
+    value = None
+    result_path = job_dir / "result.pkl"
+    if status.get(0) == "ok" and result_path.exists():
+        with open(result_path, "rb") as f:
+            value = cloudpickle.load(f)
+    return LaunchResult(
+        num_workers=num_workers, returncode=popen.returncode, rank_status=status, value=value,
+        output="".join(lines), timed_out=timed_out, seconds=seconds, command=command,
+    )
+
+
+def run(fn: Callable[..., Any], num_workers: int, args: Sequence[Any] = (),
+        kwargs: dict[str, Any] | None = None, *, timeout: float | None = None,
+        verbose: bool = True, env: dict[str, str] | None = None,
+        start_timeout: int = DEFAULT_START_TIMEOUT, check: bool = True) -> LaunchResult:
+    """Run ``fn(*args, **kwargs)`` on ``num_workers`` Horovod workers; return rank 0's value.
+
+    ``fn`` is sent to the workers with cloudpickle, so a function defined in a notebook works.
+    It should call ``hvd.init()`` itself, as a Horovod training script does. With ``check``
+    (the default) a failed run raises :class:`LaunchError` naming the failed rank.
+    """
+    with tempfile.TemporaryDirectory(prefix="mgpu-launch-") as tmp:
+        job_dir = Path(tmp)
+        with open(job_dir / "job.pkl", "wb") as f:
+            cloudpickle.dump({"kind": "function", "fn": fn, "args": tuple(args), "kwargs": kwargs or {}}, f)
+        # Workers see the caller's import path, so a function importable here is importable there.
+        (job_dir / "sys_path.json").write_text(json.dumps([p for p in sys.path if p]))
+        result = _launch(num_workers, job_dir, timeout, verbose, env, start_timeout)
+    return result.raise_for_status() if check else result
+
+
+def run_script(script: str | os.PathLike, num_workers: int, script_args: Sequence[str] = (), *,
+               timeout: float | None = None, verbose: bool = True, env: dict[str, str] | None = None,
+               cwd: str | os.PathLike | None = None, start_timeout: int = DEFAULT_START_TIMEOUT,
+               check: bool = True) -> LaunchResult:
+    """Run a Python training script on ``num_workers`` Horovod workers, like ``horovodrun``.
+
+    The script runs as ``__main__`` with ``sys.argv = [script, *script_args]`` in ``cwd``.
+    """
+    script = Path(script).resolve()
+    if not script.is_file():
+        raise LaunchError(f"no such script: {script}")
+    with tempfile.TemporaryDirectory(prefix="mgpu-launch-") as tmp:
+        job_dir = Path(tmp)
+        job = {"kind": "script", "script": str(script), "argv": [str(script), *map(str, script_args)],
+               "cwd": str(Path(cwd).resolve()) if cwd else os.getcwd()}
+        with open(job_dir / "job.pkl", "wb") as f:
+            cloudpickle.dump(job, f)
+        result = _launch(num_workers, job_dir, timeout, verbose, env, start_timeout)
+    return result.raise_for_status() if check else result
+
+
+def failed_rank_line(output: str) -> str | None:
+    """horovodrun's own line naming the first process that failed, if it printed one."""
+    match = re.search(r"Process name: (\S+)\s+Exit code: (-?\d+)", output)
+    return f"process {match.group(1)} exited with code {match.group(2)}" if match else None

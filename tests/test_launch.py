@@ -1,0 +1,143 @@
+"""The launcher: N real Horovod workers, failures, time-outs, Ctrl-C, and no orphan processes."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from mgpu import launch
+
+pytestmark = pytest.mark.slow
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _alive(pids):
+    alive = []
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                alive.append(pid)
+        except psutil.NoSuchProcess:
+            pass
+    return alive
+
+
+def _worker_pids(folder: Path):
+    return [int(p.read_text()) for p in folder.glob("pid-*")]
+
+
+def _sum_of_ranks(scale):
+    import horovod.tensorflow as hvd
+    import tensorflow as tf
+
+    hvd.init()
+    total = hvd.allreduce(tf.constant([float(hvd.rank())]), op=hvd.Sum)
+    return {"size": hvd.size(), "rank": hvd.rank(), "total": float(total.numpy()[0]) * scale,
+            "threads": tf.config.threading.get_intra_op_parallelism_threads()}
+
+
+def _record_pid_then(folder, behaviour):
+    """Each rank writes its pid, then rank 1 misbehaves while the others wait in an all-reduce."""
+    import horovod.tensorflow as hvd
+    import tensorflow as tf
+
+    hvd.init()
+    Path(folder, f"pid-{hvd.rank()}").write_text(str(os.getpid()))
+    if hvd.rank() == 1:
+        if behaviour == "raise":
+            raise ValueError("rank one is broken")
+        if behaviour == "exit":
+            os._exit(3)
+        if behaviour == "hang":
+            time.sleep(3600)
+    if behaviour == "hang-all":
+        time.sleep(3600)
+    hvd.allreduce(tf.constant([1.0]))
+    return "done"
+
+
+def test_four_workers_all_reduce_and_return_rank0_value():
+    result = launch.run(_sum_of_ranks, 4, args=(2.0,), verbose=False)
+    assert result.ok and result.returncode == 0
+    assert result.rank_status == {0: "ok", 1: "ok", 2: "ok", 3: "ok"}
+    assert result.value["rank"] == 0 and result.value["size"] == 4
+    assert result.value["total"] == 2.0 * (0 + 1 + 2 + 3)
+    # the cores are split between the workers
+    assert result.value["threads"] == launch.threads_per_worker(4)
+
+
+@pytest.mark.parametrize("behaviour, expected", [
+    ("raise", "ValueError: rank one is broken"),
+    ("exit", "died without reporting"),
+])
+def test_failure_of_one_rank_is_reported_and_leaves_no_orphans(tmp_path, behaviour, expected):
+    result = launch.run(_record_pid_then, 3, args=(str(tmp_path), behaviour), verbose=False, check=False,
+                        timeout=240)
+    assert not result.ok and not result.timed_out
+    assert result.returncode != 0
+    assert expected in result.rank_status.get(1, "died without reporting")
+    assert "rank 1" in result.failure_reason()
+    with pytest.raises(launch.LaunchError, match="rank 1"):
+        result.raise_for_status()
+    pids = _worker_pids(tmp_path)
+    assert len(pids) == 3
+    assert _alive(pids) == []
+
+
+def test_timeout_kills_every_worker(tmp_path):
+    result = launch.run(_record_pid_then, 2, args=(str(tmp_path), "hang-all"), verbose=False,
+                        check=False, timeout=60)
+    assert result.timed_out and not result.ok
+    assert result.failure_reason().startswith("timed out after")
+    pids = _worker_pids(tmp_path)
+    assert len(pids) == 2, result.output[-2000:]
+    assert _alive(pids) == []
+
+
+def test_ctrl_c_in_the_caller_leaves_no_workers(tmp_path):
+    caller = tmp_path / "caller.py"
+    caller.write_text(textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {str(ROOT)!r})
+        sys.path.insert(0, {str(Path(__file__).parent)!r})
+        from mgpu import launch
+        from test_launch import _record_pid_then
+        launch.run(_record_pid_then, 2, args=({str(tmp_path)!r}, "hang-all"), verbose=False)
+    """))
+    proc = subprocess.Popen([sys.executable, str(caller)], stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 240
+    while len(_worker_pids(tmp_path)) < 2 and time.time() < deadline:
+        time.sleep(0.5)
+    pids = _worker_pids(tmp_path)
+    assert len(pids) == 2, "workers did not start in time"
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert "KeyboardInterrupt" in err
+    assert _alive(pids) == []
+
+
+def test_run_script_passes_arguments_and_reports_exit_status(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent("""
+        import sys
+        import horovod.tensorflow as hvd
+        hvd.init()
+        if hvd.rank() == 0:
+            open("out.txt", "w").write(" ".join(sys.argv[1:]) + f" size={hvd.size()}")
+        sys.exit(int(sys.argv[1]))
+    """))
+    ok = launch.run_script(script, 2, ["0", "x"], cwd=tmp_path, verbose=False)
+    assert ok.ok and (tmp_path / "out.txt").read_text() == "0 x size=2"
+    bad = launch.run_script(script, 2, ["4"], cwd=tmp_path, verbose=False, check=False)
+    assert not bad.ok and bad.rank_status[0] == "exited with status 4"
+
+
+def test_missing_script_is_a_clear_error(tmp_path):
+    with pytest.raises(launch.LaunchError, match="no such script"):
+        launch.run_script(tmp_path / "nope.py", 2)
