@@ -1,0 +1,29 @@
+# The course's commands. `make course` and `make test` are the two in the README.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+SMOKE ?= 0
+SEED ?= 0
+PORT ?= 8888
+
+.PHONY: setup course test lab clean help
+
+help:
+	@echo "make setup   create $(VENV) with the pinned stack and Horovod (idempotent)"
+	@echo "make course  execute every notebook headless (SMOKE=1 for the quick setting; SEED=n)"
+	@echo "make test    run the test suite (unit tests, real Horovod workers, notebooks in smoke mode)"
+	@echo "make lab     open JupyterLab on the notebooks (PORT=$(PORT))"
+
+setup:
+	@VENV=$(VENV) bash scripts/setup.sh
+
+course: setup
+	$(PY) -m mgpu.course $(if $(filter 1 true yes,$(SMOKE)),--smoke) --seed $(SEED)
+
+test: setup
+	$(PY) -m pytest
+
+lab: setup
+	$(VENV)/bin/jupyter lab --notebook-dir=notebooks --port=$(PORT)
+
+clean:
+	rm -rf build
