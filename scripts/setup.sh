@@ -12,6 +12,11 @@ LOG_DIR=build/logs
 mkdir -p "$LOG_DIR"
 
 say()  { printf '[setup] %s\n' "$*"; }
+# pip, minus the warnings some machines' pip configuration prints for every package.
+pipq() {
+  "$VPY" -m pip "$@" 2>&1 | { grep -v 'is ignored: it is neither a file nor a directory' || true; }
+  return "${PIPESTATUS[0]}"
+}
 fail() { printf '[setup] ERROR: %s\n' "$*" >&2; exit 1; }
 
 # ---- 1. a Python 3.11 to build the venv from --------------------------------------------------
@@ -71,17 +76,17 @@ if [ ! -x "$VENV/bin/python" ]; then
   "$PY" -m venv "$VENV" || fail "could not create a venv with $PY: install the venv module (e.g. 'apt-get install python3.11-venv')."
 fi
 VPY="$VENV/bin/python"
-"$VPY" -m pip install --quiet --upgrade "pip>=24" "setuptools>=69,<76" wheel
+pipq install --quiet --upgrade "pip>=24" "setuptools>=69,<76" wheel
 say "installing the pinned stack ($TF_REQ; this takes a few minutes the first time)"
 grep -v -E '^(horovod|tensorflow-cpu)==' requirements.txt > "$LOG_DIR/requirements-no-horovod.txt"
-"$VPY" -m pip install --quiet "$TF_REQ" -r "$LOG_DIR/requirements-no-horovod.txt" \
+pipq install --quiet "$TF_REQ" -r "$LOG_DIR/requirements-no-horovod.txt" \
   || fail "pip could not install the pinned stack (see the messages above): check the network or your pip index."
 # `cmake` from PyPI when the system has none (Horovod's build needs cmake >= 3.13).
 if ! command -v cmake >/dev/null 2>&1; then
   say "no cmake on PATH: installing it into $VENV from PyPI"
-  "$VPY" -m pip install --quiet "cmake>=3.13,<4"
+  pipq install --quiet "cmake>=3.13,<4"
 fi
-"$VPY" -m pip install --quiet --no-deps -e .
+pipq install --quiet --no-deps -e .
 
 # ---- 5. Horovod 0.28.1 from source, against this TensorFlow --------------------------------------
 hvd_version=$("$VPY" -c 'import importlib.metadata as m; print(m.version("horovod"))' 2>/dev/null || true)
@@ -100,7 +105,7 @@ if [ "$hvd_version" != "0.28.1" ] || ! check_build; then
     unset HOROVOD_GPU_OPERATIONS HOROVOD_GPU_ALLREDUCE HOROVOD_GPU_BROADCAST HOROVOD_GPU_ALLGATHER
   fi
   say "building Horovod 0.28.1 ($KIND: Gloo$([ "$KIND" = gpu ] && echo ' + NCCL')); about 3 minutes on 2 cores, log in $LOG_DIR/horovod-build.log"
-  "$VPY" -m pip uninstall --quiet -y horovod >/dev/null 2>&1 || true
+  pipq uninstall --quiet -y horovod >/dev/null 2>&1 || true
   if ! MAKEFLAGS="-j$(nproc)" "$VPY" -m pip install --no-build-isolation --no-cache-dir -v horovod==0.28.1 \
         > "$LOG_DIR/horovod-build.log" 2>&1; then
     log="$LOG_DIR/horovod-build.log"
