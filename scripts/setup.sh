@@ -130,4 +130,4 @@ check_build || { "$VENV/bin/horovodrun" --check-build >&2 || true; fail "horovod
 "$VPY" -c 'import keras, sys; sys.exit(not keras.__version__.startswith("2.15"))' \
   || fail "Keras is not 2.15 in $VENV: Keras 3 makes Horovod silently stop all-reducing. Run '$VPY -m pip install keras==2.15.0'."
 echo "$want" > "$STAMP"
-say "ready: $("$VPY" -c 'import tensorflow as tf, horovod; print(f"TensorFlow {tf.__version__}, Horovod {horovod.__version__}")' 2>/dev/null) ($KIND build). Check: $LOG_DIR/horovod-check-build.txt"
+say "ready: $(TF_CPP_MIN_LOG_LEVEL=1 "$VPY" -c 'import tensorflow as tf, horovod; print(f"TensorFlow {tf.__version__}, Horovod {horovod.__version__}")' 2>/dev/null) ($KIND build). Check: $LOG_DIR/horovod-check-build.txt"
