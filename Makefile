@@ -23,7 +23,7 @@ test: setup
 	$(PY) -m pytest
 
 lab: setup
-	$(VENV)/bin/jupyter lab --notebook-dir=notebooks --port=$(PORT)
+	$(VENV)/bin/jupyter lab --notebook-dir=notebooks --port=$(PORT) $(if $(filter 0,$(shell id -u)),--allow-root)
 
 clean:
 	rm -rf build

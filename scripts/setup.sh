@@ -87,6 +87,7 @@ if ! command -v cmake >/dev/null 2>&1; then
   pipq install --quiet "cmake>=3.13,<4"
 fi
 pipq install --quiet --no-deps -e .
+pipq check >/dev/null || { pipq check >&2; fail "the installed packages conflict (listed above): remove $VENV and run 'make setup' again; if it persists, the pins in requirements.txt need fixing."; }
 
 # ---- 5. Horovod 0.28.1 from source, against this TensorFlow --------------------------------------
 hvd_version=$("$VPY" -c 'import importlib.metadata as m; print(m.version("horovod"))' 2>/dev/null || true)
