@@ -7,6 +7,13 @@ The notebooks stay narrative; the code they call lives here, one module per conc
 - ``mgpu.data``      dataset registry, cache, ``auto`` choice and fingerprints
 - ``mgpu.launch``    running a function or script on N data-parallel Horovod workers
 - ``mgpu.hardware``  what this machine has and which hardware profile the course uses
+- ``mgpu.callbacks`` Keras callbacks shared by the labs and the assessment (throughput, time, targets)
+- ``mgpu.allreduce`` a from-scratch ring all-reduce in numpy, to step through
+- ``mgpu.optimizers`` LARS and LAMB, the large-batch optimizers TensorFlow 2.15 lacks
+- ``mgpu.results``   each notebook's headline numbers (``build/results``) and figures
+- ``mgpu.plots``     the course's figures, one call each
+- ``mgpu.course``    executing the notebooks headless with papermill
+- ``mgpu.paths``     where the checkout, the build folder and its parts are
 """
 
 import os as _os
