@@ -5,13 +5,14 @@ SMOKE ?= 0
 SEED ?= 0
 PORT ?= 8888
 
-.PHONY: setup course test lab clean help
+.PHONY: setup course test lab tensorboard clean help
 
 help:
 	@echo "make setup   create $(VENV) with the pinned stack and Horovod (idempotent)"
 	@echo "make course  execute every notebook headless (SMOKE=1 for the quick setting; SEED=n)"
 	@echo "make test    run the test suite (unit tests, real Horovod workers, notebooks in smoke mode)"
 	@echo "make lab     open JupyterLab on the notebooks (PORT=$(PORT))"
+	@echo "make tensorboard  open TensorBoard on build/profile (profiler traces from the labs)"
 
 setup:
 	@VENV=$(VENV) bash scripts/setup.sh
@@ -24,6 +25,9 @@ test: setup
 
 lab: setup
 	$(VENV)/bin/jupyter lab --notebook-dir=notebooks --port=$(PORT) $(if $(filter 0,$(shell id -u)),--allow-root)
+
+tensorboard: setup
+	$(VENV)/bin/tensorboard --logdir build/profile --port 6006 --bind_all
 
 clean:
 	rm -rf build

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import matplotlib.pyplot as plt
 import numpy as np
 
@@ -308,6 +310,290 @@ def saddle_escape(gd_path, sgd_paths, sgd_final, name: str = "01_saddle"):
     ax.set_ylabel("runs")
     ax.set_title("Where the runs ended", fontsize=10)
     ax.legend(fontsize=8)
+    fig.tight_layout()
+    save_figure(fig, name)
+    return fig
+
+
+# --------------------------------------------------------------------------------------------
+# Lab 02: what batch size does (the numbers come from mgpu.keras_runs, mgpu.batch_study,
+# mgpu.noise_scale and mgpu.sharpness)
+# --------------------------------------------------------------------------------------------
+
+_MOMENTUM_COLOURS = {0.0: "tab:blue", 0.9: "tab:red"}
+
+
+def _log2_batch_axis(ax, batch_sizes):
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(list(batch_sizes), [str(b) for b in batch_sizes])
+    ax.minorticks_off()
+    ax.set_xlabel("batch size B")
+
+
+def throughput_vs_batch(throughput: dict, name: str = "02_throughput"):
+    """Images per second against batch size, with the line a per-step-overhead-free machine would follow."""
+    batches = sorted(throughput)
+    rates = [throughput[b] for b in batches]
+    fig, ax = plt.subplots(figsize=(5.5, 3.6))
+    ax.plot(batches, rates, "o-", color="tab:blue", label="measured (Throughput callback)")
+    ideal = [rates[0] * b / batches[0] for b in batches]
+    ax.plot(batches, ideal, "--", color="gray", label="if images/s grew with B")
+    ax.set_yscale("log")
+    ax.set_ylim(min(rates) / 2, max(rates) * 3)
+    _log2_batch_axis(ax, batches)
+    ax.set_ylabel("training images / s")
+    ax.set_title("Throughput saturates as the batch grows", fontsize=10)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    save_figure(fig, name)
+    return fig
+
+
+def time_to_accuracy_runs(runs, target: float, name: str = "02_time_to_accuracy"):
+    """Validation accuracy against wall time per batch size; seconds and epochs to the target."""
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
+    colours = plt.cm.viridis(np.linspace(0, 0.85, len(runs)))
+    for run, colour in zip(runs, colours):
+        axes[0].plot(run.wall_times, run.val_accuracy, "o-", ms=3, color=colour, label=f"B = {run.batch_size}")
+    axes[0].axhline(target, color="black", ls=":", label=f"target {target:.2f}")
+    axes[0].set_xlabel("wall time since training began (s)")
+    axes[0].set_ylabel("validation accuracy")
+    axes[0].set_title("Accuracy against time (StopAtAccuracy ends each run)", fontsize=10)
+    axes[0].legend(fontsize=8)
+    batches = [r.batch_size for r in runs]
+    axes[1].plot(batches, [r.seconds for r in runs], "o-", color="tab:blue", label="seconds to target")
+    axes[1].set_ylabel("seconds to target", color="tab:blue")
+    twin = axes[1].twinx()
+    twin.plot(batches, [r.epochs for r in runs], "s--", color="tab:red", label="epochs to target")
+    twin.set_ylabel("epochs to target", color="tab:red")
+    twin.set_ylim(0, max(r.epochs for r in runs) * 1.2)
+    axes[1].set_ylim(0, max(r.seconds for r in runs) * 1.2)
+    _log2_batch_axis(axes[1], batches)
+    axes[1].set_title("Time and epochs to the target", fontsize=10)
+    fig.tight_layout()
+    save_figure(fig, name)
+    return fig
+
+
+def steps_to_target_regimes(batch_sizes, steps: dict, fits: dict, best_lrs: dict,
+                            name: str = "02_steps_to_target"):
+    """S(B) per momentum with the fitted S_min (1 + B_crit / B), and the best learning rate per B.
+
+    ``steps``, ``fits`` (``(S_min, B_crit)``) and ``best_lrs`` are keyed by momentum.
+    """
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.2))
+    ax = axes[0]
+    b = np.asarray(batch_sizes, float)
+    dense = np.geomspace(b.min(), b.max(), 200)
+    for mu in steps:
+        colour = _MOMENTUM_COLOURS.get(mu, "tab:green")
+        s_min, b_crit = fits[mu]
+        label = "plain SGD" if mu == 0 else f"momentum {mu:g}"
+        ax.plot(b, steps[mu], "o", color=colour, label=f"{label}: measured")
+        ax.plot(dense, s_min * (1 + b_crit / dense), "-", color=colour, alpha=0.7,
+                label=f"fit: S_min = {s_min:.0f}, B_crit = {b_crit:.0f}")
+        ax.axvline(b_crit, color=colour, ls=":", alpha=0.7)
+    first = steps[min(steps)][0]
+    ax.plot(b, first * b[0] / b, "--", color="gray", label="perfect scaling (S halves when B doubles)")
+    ax.set_yscale("log")
+    ax.set_ylim(min(min(v) for v in steps.values()) / 2, max(max(v) for v in steps.values()) * 2)
+    _log2_batch_axis(ax, batch_sizes)
+    ax.set_ylabel("steps to the target loss (best LR)")
+    ax.set_title("Steps to target: perfect scaling, diminishing returns, no gain", fontsize=10)
+    ax.legend(fontsize=7, loc="upper right")
+    ax = axes[1]
+    for mu in best_lrs:
+        colour = _MOMENTUM_COLOURS.get(mu, "tab:green")
+        label = "plain SGD" if mu == 0 else f"momentum {mu:g}"
+        ax.plot(b, best_lrs[mu], "o-", color=colour, label=label)
+    ax.set_yscale("log", base=2)
+    _log2_batch_axis(ax, batch_sizes)
+    ax.set_ylabel("best effective LR  lr / (1 - momentum)")
+    ax.set_title("The tuned learning rate grows with B, then stops", fontsize=10)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    save_figure(fig, name)
+    return fig
+
+
+def noise_scale_run(run, b_crit: float, target_loss: float, name: str = "02_noise_scale"):
+    """B_simple and the held-out loss at each checkpoint of one training run, against B_crit."""
+    fig, ax = plt.subplots(figsize=(7, 4))
+    steps = np.maximum(run.steps, 0.5)  # step 0 drawn at 0.5 on the log axis
+    ax.plot(steps, run.b_simple, "o-", color="tab:purple", label="B_simple = tr(Sigma) / |G|^2")
+    ax.axhline(b_crit, color="tab:blue", ls="--", label=f"B_crit from the S(B) fit = {b_crit:.0f}")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("training step (step 0 drawn at 0.5)")
+    ax.set_ylabel("batch size")
+    twin = ax.twinx()
+    twin.plot(steps, run.eval_loss, "s:", color="tab:gray", ms=3, label="held-out loss")
+    twin.axhline(target_loss, color="tab:gray", lw=0.8)
+    twin.set_ylabel("held-out loss", color="tab:gray")
+    lines = ax.get_legend_handles_labels()
+    more = twin.get_legend_handles_labels()
+    ax.legend(lines[0] + more[0], lines[1] + more[1], fontsize=8, loc="center left")
+    ax.set_title("The gradient noise scale grows as training proceeds", fontsize=10)
+    fig.tight_layout()
+    save_figure(fig, name)
+    return fig
+
+
+def scaling_rules_and_warmup(study: dict, base_batch: int, warmup_batch: int,
+                             name: str = "02_linear_scaling"):
+    """Accuracy after a fixed epoch budget per (rule, warm-up) against B; the warm-ups at one batch."""
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.2), gridspec_kw={"width_ratios": [1.6, 1]})
+    styles = {"linear/gradual": ("tab:green", "o-"), "linear/constant": ("tab:orange", "^--"),
+              "linear/none": ("tab:red", "v--"), "sqrt/gradual": ("tab:purple", "s-"),
+              "none/none": ("tab:gray", "d-")}
+    ax = axes[0]
+    for key, values in study.items():
+        colour, style = styles.get(key, ("black", "o-"))
+        rule, warm = key.split("/")
+        batches = sorted(values)
+        ax.plot(batches, [values[b] for b in batches], style, color=colour,
+                label=f"{rule} scaling, {warm} warm-up" if rule != "none" else "no LR scaling")
+    base = study["linear/gradual"][base_batch]
+    ax.axhline(base, color="black", lw=0.8, ls=":", label=f"batch {base_batch} (the base)")
+    _log2_batch_axis(ax, sorted(study["linear/gradual"]))
+    ax.set_ylabel("held-out accuracy after the fixed epoch budget")
+    ax.set_title("LR scaling with a fixed number of epochs", fontsize=10)
+    ax.legend(fontsize=7)
+    ax = axes[1]
+    keys = ["linear/none", "linear/constant", "linear/gradual"]
+    values = [study[k][warmup_batch] for k in keys]
+    ax.bar(["none", "constant", "gradual"], values, color=["tab:red", "tab:orange", "tab:green"])
+    for i, v in enumerate(values):
+        ax.text(i, v + 0.01, f"{v:.3f}", ha="center", fontsize=8)
+    ax.axhline(base, color="black", lw=0.8, ls=":")
+    ax.set_ylim(0, 1)
+    ax.set_ylabel("held-out accuracy")
+    ax.set_title(f"Warm-up at batch {warmup_batch} (linear scaling)", fontsize=10)
+    fig.tight_layout()
+    save_figure(fig, name)
+    return fig
+
+
+def sharp_vs_flat(alphas, train_loss, test_accuracy, sharpness: dict, accuracies: dict,
+                  name: str = "02_sharp_vs_flat"):
+    """Keskar's 1-D plot f(a x_LB + (1 - a) x_SB), the epsilon-sharpness and the test accuracies."""
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4), gridspec_kw={"width_ratios": [1.5, 1, 1]})
+    ax = axes[0]
+    ax.plot(alphas, train_loss, "-", color="tab:blue", label="training loss")
+    ax.set_yscale("log")
+    ax.set_xlabel("a  (0 = small-batch solution, 1 = large-batch solution)")
+    ax.set_ylabel("training loss (log)", color="tab:blue")
+    for a in (0, 1):
+        ax.axvline(a, color="gray", lw=0.8, ls=":")
+    twin = ax.twinx()
+    twin.plot(alphas, test_accuracy, "--", color="tab:red", label="held-out accuracy")
+    twin.set_ylabel("held-out accuracy", color="tab:red")
+    twin.set_ylim(0, 1)
+    ax.set_title("f(a x_LB + (1 - a) x_SB)", fontsize=10)
+    ax = axes[1]
+    labels = list(sharpness)
+    ax.bar(labels, [sharpness[k] for k in labels], color=["tab:blue", "tab:orange", "tab:red"][: len(labels)])
+    for i, k in enumerate(labels):
+        ax.text(i, sharpness[k], f"{sharpness[k]:.2f}", ha="center", va="bottom", fontsize=8)
+    ax.set_ylabel("epsilon-sharpness (x100, relative)")
+    ax.set_title("Sharpness of each solution", fontsize=10)
+    ax.tick_params(axis="x", labelsize=8)
+    ax = axes[2]
+    labels = list(accuracies)
+    values = [accuracies[k] for k in labels]
+    ax.bar(labels, values, color=["tab:blue", "tab:orange", "tab:red"][: len(labels)])
+    for i, v in enumerate(values):
+        ax.text(i, v, f"{v:.3f}", ha="center", va="bottom", fontsize=8)
+    ax.set_ylim(min(values) - 0.05, max(values) + 0.03)
+    ax.set_ylabel("held-out accuracy")
+    ax.set_title("Generalization", fontsize=10)
+    ax.tick_params(axis="x", labelsize=8)
+    fig.tight_layout()
+    save_figure(fig, name)
+    return fig
+
+
+# ---- Lab 2 (notebook 03): the input pipeline ----------------------------------------------------
+
+def show_jpegs(folder, count: int = 6, name: str = "03_jpeg_examples"):
+    """A few of the generated JPEG files at their stored size, with their pixel size and bytes."""
+    fig, axes = plt.subplots(1, count, figsize=(2.2 * count, 2.6))
+    from PIL import Image
+
+    for ax, path, relative in zip(axes, folder.paths(), folder.files):
+        with Image.open(path) as picture:
+            image = np.asarray(picture.convert("RGB"))
+        ax.imshow(image)
+        ax.set_title(f"{image.shape[1]}x{image.shape[0]}\n{os.path.getsize(path) / 1024:.0f} KiB", fontsize=8)
+        ax.set_xlabel(relative.split("/")[1].split("_", 1)[1], fontsize=8)
+        ax.set_xticks([])
+        ax.set_yticks([])
+    fig.suptitle("The JPEG files the pipelines read", fontsize=10)
+    fig.tight_layout()
+    save_figure(fig, name)
+    return fig
+
+
+def pipeline_stages(results, name: str = "03_pipeline_stages"):
+    """Images/s per stage: the pipeline alone, training fed by it, and the compute ceiling."""
+    shown = [r for r in results if r.train_rate is not None]
+    labels = [r.stage.summary for r in shown]
+    y = np.arange(len(shown))
+    fig, ax = plt.subplots(figsize=(9, 0.55 * len(shown) + 1.6))
+    ax.barh(y + 0.2, [r.pipeline_rate for r in shown], height=0.38, color="tab:gray",
+            label="pipeline alone (no training)")
+    ax.barh(y - 0.2, [r.train_rate for r in shown], height=0.38, color="tab:blue", label="training fed by it")
+    ceiling = float(np.median([r.ceiling_rate for r in shown]))
+    ax.axvline(ceiling, color="tab:red", linestyle="--", label=f"compute ceiling ({ceiling:,.0f}/s)")
+    for yi, r in zip(y, shown):
+        ax.text(r.train_rate, yi - 0.2, f" {r.fraction_of_ceiling:.2f}x", va="center", fontsize=8)
+    ax.set_yticks(y, labels, fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xscale("log")
+    ax.set_xlabel("images per second (log scale)")
+    ax.set_title("Each stage of the input pipeline against the compute ceiling", fontsize=10)
+    ax.legend(fontsize=8, loc="lower right")
+    ax.grid(axis="x", alpha=0.3)
+    fig.tight_layout()
+    save_figure(fig, name)
+    return fig
+
+
+def models_vs_pipelines(results, ceilings: dict, name: str = "03_models_vs_pipelines"):
+    """Pipeline-alone rates per stage against the images/s each model needs (its ceiling)."""
+    shown = [r for r in results if r.pipeline_rate is not None]
+    fig, ax = plt.subplots(figsize=(9, 3.8))
+    x = np.arange(len(shown))
+    ax.plot(x, [r.pipeline_rate for r in shown], "o-", color="tab:gray", label="what the pipeline delivers")
+    for (label, ceiling), colour in zip(ceilings.items(), ("tab:red", "tab:purple", "tab:green")):
+        ax.axhline(ceiling, color=colour, linestyle="--", label=f"{label} needs {ceiling:,.0f}/s")
+    ax.set_xticks(x, [r.stage.name for r in shown], rotation=30, ha="right", fontsize=8)
+    ax.set_yscale("log")
+    ax.set_ylabel("images per second (log scale)")
+    ax.set_title("Below a model's line, the pipeline starves it", fontsize=10)
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    save_figure(fig, name)
+    return fig
+
+
+def call_overhead(table: dict, name: str = "03_call_overhead"):
+    """Seconds per training call against batch size, one line per device and model width."""
+    fig, ax = plt.subplots(figsize=(7, 4))
+    styles = {0: "-", 1: "--"}
+    for d, (device, widths) in enumerate(table.items()):
+        for width, row in widths.items():
+            batches = sorted(row)
+            ax.plot(batches, [row[b] * 1e3 for b in batches], styles.get(d, ":"), marker="o",
+                    label=f"{device}, Dense({width})")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("batch size (samples per call)")
+    ax.set_ylabel("milliseconds per training call")
+    ax.set_title("Tiny models: a fixed cost per call dominates", fontsize=10)
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
     fig.tight_layout()
     save_figure(fig, name)
     return fig

@@ -1,0 +1,312 @@
+"""Input pipelines for Lab 2, from a naive Python loop to a tuned ``tf.data`` pipeline.
+
+Every stage yields ``(images, labels)`` batches of ``image_size`` x ``image_size`` RGB crops (random
+crop and horizontal flip of the stored JPEGs), so the same training step can consume any of them
+and the same harness (:mod:`mgpu.measure`) can time them. Each stage adds one idea to the one
+before it:
+
+1. ``naive``: a Python loop that opens and decodes each JPEG with PIL, crops and normalises in numpy.
+2. ``tf_sequential``: the same work as a ``tf.data`` graph, one image at a time.
+3. ``parallel_map``: decoding in parallel, ``num_parallel_calls=AUTOTUNE``.
+4. ``interleave``: reading several TFRecord shards at once instead of one file per image.
+5. ``prefetch``: preparing the next batches while the current one trains.
+6. ``cache``: decoding and resizing once; later epochs read decoded pixels from memory.
+7. ``batched_augment``: random crops and flips applied to whole batches (one vectorised op).
+8. ``uint8_transfer``: batches stay ``uint8``; the model normalises on the device (4x fewer bytes).
+9. ``mixed_precision``: float16 compute on a GPU (skipped on a CPU, which has no fast float16).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+import numpy as np
+import tensorflow as tf
+from PIL import Image
+
+from mgpu.alexnet import MEAN, STD
+
+AUTOTUNE = tf.data.AUTOTUNE
+
+
+@dataclass(frozen=True)
+class Stage:
+    name: str
+    summary: str
+    needs_gpu: bool = False
+    uint8: bool = False     # batches are uint8; the model normalises
+    overlaps: bool = True   # the next batch is prepared while the current one trains
+
+
+STAGES = (
+    Stage("naive", "Python loop, PIL decode", overlaps=False),
+    Stage("tf_sequential", "tf.data, sequential decode", overlaps=False),
+    Stage("parallel_map", "+ parallel map (AUTOTUNE)", overlaps=False),
+    Stage("interleave", "+ interleaved TFRecord reads", overlaps=False),
+    Stage("prefetch", "+ prefetch"),
+    Stage("cache", "+ cache of decoded images"),
+    Stage("batched_augment", "+ augmentation after batching"),
+    Stage("uint8_transfer", "+ uint8 batches, normalise on device", uint8=True),
+    Stage("mixed_precision", "+ mixed precision (GPU)", needs_gpu=True, uint8=True),
+)
+
+_MEAN = np.asarray(MEAN, np.float32)
+_STD = np.asarray(STD, np.float32)
+
+
+# ---- the naive loader -------------------------------------------------------------------------
+
+def naive_batches(paths, labels, batch_size: int, image_size: int, seed: int = 0) -> Iterator:
+    """What a first attempt looks like: one image at a time, in Python, on one core."""
+    rng = np.random.default_rng(seed)
+    labels = np.asarray(labels, np.int32)
+    while True:
+        order = rng.permutation(len(paths))
+        for start in range(0, len(order) - batch_size + 1, batch_size):
+            images = []
+            for index in order[start:start + batch_size]:
+                with Image.open(paths[index]) as picture:
+                    pixels = np.asarray(picture.convert("RGB"))
+                top = rng.integers(0, pixels.shape[0] - image_size + 1)
+                left = rng.integers(0, pixels.shape[1] - image_size + 1)
+                crop = pixels[top:top + image_size, left:left + image_size]
+                if rng.random() < 0.5:
+                    crop = crop[:, ::-1]
+                images.append((crop.astype(np.float32) / 255.0 - _MEAN) / _STD)
+            yield np.stack(images), labels[order[start:start + batch_size]]
+
+
+# ---- tf.data pieces ----------------------------------------------------------------------------
+
+def _normalize(images):
+    return (tf.cast(images, tf.float32) / 255.0 - _MEAN) / _STD
+
+
+def _random_crop_flip(image, image_size):
+    image = tf.image.random_crop(image, (image_size, image_size, 3))
+    return tf.image.random_flip_left_right(image)
+
+
+def _decode_file(path, label):
+    return tf.io.decode_jpeg(tf.io.read_file(path), channels=3), label
+
+
+_FEATURES = {"image/encoded": tf.io.FixedLenFeature([], tf.string),
+             "image/class/label": tf.io.FixedLenFeature([], tf.int64)}
+
+
+def _decode_record(record):
+    parsed = tf.io.parse_single_example(record, _FEATURES)
+    return tf.io.decode_jpeg(parsed["image/encoded"], channels=3), tf.cast(parsed["image/class/label"], tf.int32)
+
+
+def _square(image, side):
+    """Resize the short side to ``side`` and take the centre square: a fixed shape to cache."""
+    return tf.image.resize_with_crop_or_pad(tf.image.resize(image, (side, side), preserve_aspect_ratio=True,
+                                                            antialias=False), side, side)
+
+
+def _batch_crop_flip(images, image_size):
+    """Per-image random crops and flips for a whole batch with two gathers (no per-image ops)."""
+    n, side = tf.shape(images)[0], tf.shape(images)[1]
+    top = tf.random.uniform((n, 1), 0, side - image_size + 1, dtype=tf.int32)
+    left = tf.random.uniform((n, 1), 0, side - image_size + 1, dtype=tf.int32)
+    columns = left + tf.range(image_size)[None, :]
+    flip = tf.random.uniform((n, 1)) < 0.5
+    columns = tf.where(flip, tf.reverse(columns, axis=[1]), columns)
+    rows = tf.gather(images, top + tf.range(image_size)[None, :], batch_dims=1)
+    return tf.gather(rows, columns, axis=2, batch_dims=1)
+
+
+def _without_hidden_prefetch(ds: tf.data.Dataset) -> tf.data.Dataset:
+    """tf.data quietly adds a prefetch after parallel maps; switch that off so the stages before
+    ``prefetch`` show what they really do."""
+    options = tf.data.Options()
+    options.experimental_optimization.inject_prefetch = False
+    return ds.with_options(options)
+
+
+def tf_dataset(stage: str, folder, batch_size: int, image_size: int, seed: int = 0) -> tf.data.Dataset:
+    """The ``tf.data`` pipeline of one stage (every stage but ``naive``), repeating forever."""
+    names = [s.name for s in STAGES]
+    if stage not in names or stage == "naive":
+        raise ValueError(f"unknown tf.data stage {stage!r}: choose one of {', '.join(names[1:])}")
+    level = names.index(stage)
+    tf.random.set_seed(seed)
+    crop = lambda image, label: (_normalize(_random_crop_flip(image, image_size)), label)  # noqa: E731
+    parallel = AUTOTUNE if level >= names.index("parallel_map") else None
+
+    if level < names.index("interleave"):
+        files = tf.data.Dataset.from_tensor_slices((folder.paths(), np.asarray(folder.labels, np.int32)))
+        ds = files.shuffle(len(folder.files), seed=seed).repeat()
+        ds = ds.map(_decode_file, num_parallel_calls=parallel).map(crop, num_parallel_calls=parallel)
+        return _without_hidden_prefetch(ds.batch(batch_size, drop_remainder=True))
+
+    shards = tf.data.Dataset.from_tensor_slices(folder.tfrecord_paths()).shuffle(len(folder.tfrecords), seed=seed)
+    records = shards.interleave(tf.data.TFRecordDataset, cycle_length=min(8, len(folder.tfrecords)),
+                                num_parallel_calls=AUTOTUNE, deterministic=False)
+    if level < names.index("cache"):
+        ds = records.repeat().map(_decode_record, num_parallel_calls=AUTOTUNE).map(crop, num_parallel_calls=AUTOTUNE)
+        ds = ds.batch(batch_size, drop_remainder=True)
+        return ds.prefetch(AUTOTUNE) if level >= names.index("prefetch") else _without_hidden_prefetch(ds)
+
+    side = folder.short_side
+    decoded = records.map(_decode_record, num_parallel_calls=AUTOTUNE)
+    decoded = decoded.map(lambda image, label: (tf.cast(_square(image, side), tf.uint8), label),
+                          num_parallel_calls=AUTOTUNE).cache()
+    ds = decoded.shuffle(len(folder.files), seed=seed).repeat()
+    if level == names.index("cache"):
+        ds = ds.map(crop, num_parallel_calls=AUTOTUNE).batch(batch_size, drop_remainder=True)
+        return ds.prefetch(AUTOTUNE)
+    ds = ds.batch(batch_size, drop_remainder=True)
+    ds = ds.map(lambda images, labels: (_batch_crop_flip(images, image_size), labels), num_parallel_calls=AUTOTUNE)
+    if STAGES[level].uint8:
+        ds = ds.map(lambda images, labels: (tf.cast(images, tf.uint8), labels))
+    else:
+        ds = ds.map(lambda images, labels: (_normalize(images), labels))
+    return ds.prefetch(AUTOTUNE)
+
+
+def batches(stage: str, folder, batch_size: int, image_size: int, seed: int = 0) -> Iterator:
+    """An endless iterator of ``(images, labels)`` batches from ``stage``."""
+    if stage == "naive":
+        return naive_batches(folder.paths(), folder.labels, batch_size, image_size, seed)
+    return iter(tf_dataset(stage, folder, batch_size, image_size, seed))
+
+
+def fill_cache(stage: str, folder, batch_size: int, image_size: int, seed: int = 0) -> Callable[[], Iterator]:
+    """For caching stages, one pass that decodes every file, so timing sees only cached epochs.
+
+    Returns a function that gives a fresh iterator over the (now filled) pipeline.
+    """
+    dataset = None if stage == "naive" else tf_dataset(stage, folder, batch_size, image_size, seed)
+    if dataset is not None and [s.name for s in STAGES].index(stage) >= [s.name for s in STAGES].index("cache"):
+        iterator = iter(dataset)
+        for _ in range(-(-len(folder.files) // batch_size) + 1):
+            next(iterator)
+        return lambda: iterator
+    return lambda: batches(stage, folder, batch_size, image_size, seed)
+
+
+# ---- measuring the stages ----------------------------------------------------------------------
+
+@dataclass
+class StageResult:
+    stage: Stage
+    pipeline_rate: float | None  # images/s the pipeline alone delivers (no training)
+    train_rate: float | None     # images/s of training fed by the pipeline
+    ceiling_rate: float | None   # images/s on synthetic on-device data, timed in the same rounds
+
+    @property
+    def fraction_of_ceiling(self) -> float | None:
+        if self.train_rate is None:
+            return None
+        return self.train_rate / self.ceiling_rate
+
+    @property
+    def waiting_share(self) -> float | None:
+        """Share of each step spent waiting for the batch, if preparing it does not overlap training."""
+        if self.train_rate is None or self.stage.overlaps:
+            return None
+        return (1 / self.pipeline_rate) / (1 / self.pipeline_rate + 1 / self.ceiling_rate)
+
+    @property
+    def bottleneck(self) -> str:
+        """Which side limits training: the input pipeline or the compute."""
+        if self.train_rate is None:
+            return "not run"
+        if self.stage.overlaps:
+            return "input pipeline" if self.pipeline_rate < self.ceiling_rate else "compute"
+        return "input pipeline" if self.waiting_share > 0.1 else "compute"
+
+
+def describe_bottleneck(r: StageResult, on_gpu: bool = False) -> str:
+    """One sentence, from the measurements, on what limits training at this stage and why."""
+    if r.train_rate is None:
+        return f"{r.stage.name}: not run here (it needs a GPU)."
+    measured = f"training reaches {r.fraction_of_ceiling:.2f}x the ceiling"
+    if not r.stage.overlaps:
+        kind = "input-bound" if r.bottleneck == "input pipeline" else "compute-bound"
+        return (f"{r.stage.name}: {kind}. Without prefetching, the next batch is mostly prepared after the step "
+                f"asks for it, so the model waits about {r.waiting_share:.0%} of every step (pipeline alone "
+                f"{r.pipeline_rate:,.0f} images/s, model {r.ceiling_rate:,.0f}/s): the waiting predicts "
+                f"{1 - r.waiting_share:.2f}x the ceiling; {measured}.")
+    if r.pipeline_rate < r.ceiling_rate:
+        return (f"{r.stage.name}: input-bound. The pipeline delivers {r.pipeline_rate:,.0f} images/s, less than "
+                f"the {r.ceiling_rate:,.0f}/s the model can train on; {measured}.")
+    gap = 1 - r.fraction_of_ceiling
+    reason = ("" if gap <= 0.02 else
+              f"; the missing {gap:.0%} is " + ("host-device copying and scheduling." if on_gpu else
+                                                "CPU time the pipeline takes from the model: on this machine "
+                                                "they share the same cores."))
+    return (f"{r.stage.name}: compute-bound. Batches are prepared during the previous step, and the pipeline "
+            f"could deliver {r.pipeline_rate:,.0f} images/s, {r.pipeline_rate / r.ceiling_rate:.1f}x what the "
+            f"model needs; {measured}{reason}")
+
+
+def measure_stages(folder, *, batch_size: int, image_size: int, width: float, repeats: int = 5,
+                   steps_per_round: int = 3, seed: int = 0, have_gpu: bool = False,
+                   progress: bool = True) -> list[StageResult]:
+    """Time every stage: the pipeline alone, and training AlexNet fed by it beside the ceiling.
+
+    The ceiling (training on a batch already on the device) is re-measured in rounds interleaved
+    with each stage's, so the ratio stays fair on a machine whose speed drifts.
+    """
+    from tqdm.auto import tqdm
+
+    from mgpu import alexnet
+    from mgpu.measure import measure_rate, measure_side_by_side
+
+    float_model = alexnet.alexnet(image_size, width=width, seed=seed)
+    uint8_model = alexnet.alexnet(image_size, width=width, uint8_input=True, seed=seed)
+    steps = {False: alexnet.make_train_step(float_model), True: alexnet.make_train_step(uint8_model)}
+    on_device = tf.random.normal((batch_size, image_size, image_size, 3))
+    on_device_labels = tf.zeros((batch_size,), tf.int32)
+    ceiling_step = steps[False]
+
+    results = []
+    for stage in tqdm(STAGES, desc="pipeline stages", disable=not progress):
+        if stage.needs_gpu and not have_gpu:
+            results.append(StageResult(stage, None, None, None))
+            continue
+        if stage.needs_gpu:
+            tf.keras.mixed_precision.set_global_policy("mixed_float16")
+            try:
+                step = alexnet.make_train_step(alexnet.alexnet(image_size, width=width, uint8_input=True, seed=seed))
+            finally:
+                tf.keras.mixed_precision.set_global_policy("float32")
+        else:
+            step = steps[stage.uint8]
+        fresh = fill_cache(stage.name, folder, batch_size, image_size, seed)
+        alone = fresh()
+        pipeline_rate = measure_rate(lambda: next(alone), batch_size, warmup=2, repeats=repeats,
+                                     calls_per_round=steps_per_round * 2).median
+        feeding = fresh()
+        rates = measure_side_by_side(
+            {"ceiling": lambda: ceiling_step(on_device, on_device_labels).numpy(),
+             "train": lambda: step(*next(feeding)).numpy()},
+            batch_size, warmup=2, repeats=repeats, calls_per_round=steps_per_round)
+        results.append(StageResult(stage, pipeline_rate, rates["train"].median, rates["ceiling"].median))
+    return results
+
+
+def profile_training(step, iterator, logdir, steps: int = 5) -> list:
+    """Record TensorFlow's profiler trace of ``steps`` training steps into ``logdir``.
+
+    Open it with ``tensorboard --logdir <logdir>`` (the Profile tab: trace viewer and the
+    input-pipeline analyser). Returns the trace files written.
+    """
+    from pathlib import Path
+
+    logdir = Path(logdir)
+    logdir.mkdir(parents=True, exist_ok=True)
+    step(*next(iterator)).numpy()  # traced and warmed before recording
+    tf.profiler.experimental.start(str(logdir))
+    try:
+        for number in range(steps):
+            with tf.profiler.experimental.Trace("train", step_num=number, _r=1):
+                step(*next(iterator)).numpy()
+    finally:
+        tf.profiler.experimental.stop()
+    return sorted(logdir.rglob("*.xplane.pb"))

@@ -1,0 +1,102 @@
+"""Lab 2's JPEG folder and input pipelines: correct files, correct batches, honest diagnoses."""
+
+import io
+import json
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from PIL import Image
+
+from mgpu import data, imagefolder, pipeline
+
+
+@pytest.fixture(scope="module")
+def small_dataset():
+    x = np.random.default_rng(0).integers(0, 256, size=(200, 28, 28), dtype=np.uint8)
+    y = (np.arange(200) % 10).astype(np.uint8)
+    return data.Dataset("tiny", x, y, x[:20], y[:20], class_names=tuple(f"class {i}" for i in range(10)),
+                        real=False, fingerprint=data.fingerprint("tiny", x, y))
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("MGPU_DATA_DIR", str(tmp_path))
+    return tmp_path
+
+
+def test_folder_of_balanced_decodable_jpegs_and_matching_tfrecords(small_dataset, cache):
+    folder = imagefolder.build_image_folder(small_dataset, n_images=40, short_side=64, shards=4, verbose=False)
+    assert len(folder.files) == 40 and sorted(np.bincount(folder.labels)) == [4] * 10
+    for relative, label in zip(folder.files, folder.labels):
+        assert relative.startswith(f"train/{label}_class_{label}/")
+        with Image.open(folder.root / relative) as picture:
+            assert picture.format == "JPEG" and picture.mode == "RGB" and min(picture.size) == 64
+            assert max(picture.size) <= round(64 * 4 / 3)
+    encoded = set()
+    for path in folder.tfrecord_paths():
+        for record in tf.data.TFRecordDataset(path):
+            example = tf.train.Example.FromString(record.numpy())
+            encoded.add(example.features.feature["image/encoded"].bytes_list.value[0])
+    assert encoded == {(folder.root / f).read_bytes() for f in folder.files}
+    manifest = json.loads((folder.root / "manifest.json").read_text())
+    assert manifest["source_fingerprint"] == small_dataset.fingerprint
+
+
+def test_folder_is_cached_and_a_failed_build_leaves_nothing(small_dataset, cache, monkeypatch):
+    first = imagefolder.build_image_folder(small_dataset, n_images=20, short_side=64, verbose=False)
+    stamp = (first.root / "manifest.json").stat().st_mtime_ns
+    again = imagefolder.build_image_folder(small_dataset, n_images=20, short_side=64, verbose=False)
+    assert (again.root / "manifest.json").stat().st_mtime_ns == stamp
+    calls = {"n": 0}
+    real_render = imagefolder._render
+
+    def failing_render(*args):
+        calls["n"] += 1
+        if calls["n"] == 5:
+            raise KeyboardInterrupt  # as if the user stopped the build
+        return real_render(*args)
+
+    monkeypatch.setattr(imagefolder, "_render", failing_render)
+    with pytest.raises(KeyboardInterrupt):
+        imagefolder.build_image_folder(small_dataset, n_images=30, short_side=64, verbose=False)
+    leftovers = [p.name for p in cache.iterdir() if "n30" in p.name]
+    assert leftovers == []
+
+
+@pytest.mark.parametrize("stage", [s.name for s in pipeline.STAGES if not s.needs_gpu])
+def test_every_stage_yields_crops_of_the_right_shape_type_and_range(small_dataset, cache, stage):
+    folder = imagefolder.build_image_folder(small_dataset, n_images=40, short_side=64, shards=4, verbose=False)
+    batches = pipeline.fill_cache(stage, folder, batch_size=8, image_size=48)()
+    images, labels = next(batches)
+    images, labels = np.asarray(images), np.asarray(labels)
+    assert images.shape == (8, 48, 48, 3) and labels.shape == (8,)
+    assert set(labels.tolist()) <= set(range(10))
+    if pipeline.STAGES[[s.name for s in pipeline.STAGES].index(stage)].uint8:
+        assert images.dtype == np.uint8
+    else:
+        assert images.dtype == np.float32
+        # normalised with mean 0.5 and std 0.25: pixels in [-2, 2]
+        assert images.min() >= -2.0001 and images.max() <= 2.0001 and images.std() > 0.05
+
+
+def test_batched_crops_are_windows_of_each_image_possibly_mirrored():
+    tf.random.set_seed(3)
+    images = tf.reshape(tf.range(6 * 10 * 10 * 3, dtype=tf.float32), (6, 10, 10, 3))
+    crops = pipeline._batch_crop_flip(images, 4).numpy()
+    source = images.numpy()
+    for crop, image in zip(crops, source):
+        windows = [image[t:t + 4, l:l + 4] for t in range(7) for l in range(7)]
+        assert any(np.array_equal(crop, w) or np.array_equal(crop, w[:, ::-1]) for w in windows)
+
+
+def test_bottleneck_diagnosis_follows_the_numbers():
+    serial = pipeline.StageResult(pipeline.STAGES[0], pipeline_rate=100.0, train_rate=50.0, ceiling_rate=100.0)
+    assert serial.waiting_share == pytest.approx(0.5) and serial.bottleneck == "input pipeline"
+    assert "waits about 50%" in pipeline.describe_bottleneck(serial)
+    starved = pipeline.StageResult(pipeline.STAGES[4], pipeline_rate=80.0, train_rate=78.0, ceiling_rate=100.0)
+    assert starved.bottleneck == "input pipeline" and "input-bound" in pipeline.describe_bottleneck(starved)
+    fed = pipeline.StageResult(pipeline.STAGES[5], pipeline_rate=500.0, train_rate=90.0, ceiling_rate=100.0)
+    text = pipeline.describe_bottleneck(fed)
+    assert fed.bottleneck == "compute" and "share the same cores" in text and "10%" in text
+    assert "host-device" in pipeline.describe_bottleneck(fed, on_gpu=True)
