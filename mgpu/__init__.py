@@ -10,6 +10,11 @@ The notebooks stay narrative; the code they call lives here, one module per conc
 - ``mgpu.callbacks`` Keras callbacks shared by the labs and the assessment (throughput, time, targets)
 - ``mgpu.allreduce`` a from-scratch ring all-reduce in numpy, to step through
 - ``mgpu.optimizers`` LARS and LAMB, the large-batch optimizers TensorFlow 2.15 lacks
+- ``mgpu.sgd``       Lab 1's toy problems: the linear neuron, the noise ball, GD's rate, the saddle
+- ``mgpu.measure``   the benchmark harness (warm-up, repetitions, median) and FLOP counts
+- ``mgpu.imagefolder`` Lab 2's folder of JPEG files and TFRecord shards
+- ``mgpu.alexnet``   AlexNet (single tower) and the training step Lab 2's pipelines feed
+- ``mgpu.pipeline``  Lab 2's input pipelines, stage by stage, and their measurement
 - ``mgpu.results``   each notebook's headline numbers (``build/results``) and figures
 - ``mgpu.plots``     the course's figures, one call each
 - ``mgpu.course``    executing the notebooks headless with papermill
