@@ -26,13 +26,31 @@ def _trust_ratio(numerator, denominator):
                     tf.ones_like(numerator))
 
 
-class LARS(tf.keras.optimizers.Optimizer):
+class _WithSlots(tf.keras.optimizers.Optimizer):
+    """A Keras 2 optimizer that keeps one slot variable per model variable for each name in SLOTS."""
+
+    SLOTS: tuple[str, ...] = ()
+
+    def build(self, var_list):
+        super().build(var_list)
+        if getattr(self, "_built", False):
+            return
+        self._built = True
+        self._slots = {name: [self.add_variable_from_reference(v, name) for v in var_list] for name in self.SLOTS}
+
+    def _slot(self, name, variable):
+        return self._slots[name][self._index_dict[self._var_key(variable)]]
+
+
+class LARS(_WithSlots):
     """Layer-wise Adaptive Rate Scaling (You et al. 2017), Algorithm 1.
 
     For each variable w with gradient g:
     ``local_lr = eta * ||w|| / (||g|| + weight_decay * ||w||)``,
     ``v <- momentum * v + learning_rate * local_lr * (g + weight_decay * w)``, ``w <- w - v``.
     """
+
+    SLOTS = ("velocity",)
 
     def __init__(self, learning_rate=0.1, momentum=0.9, eta=0.001, weight_decay_rate=0.0,
                  name="LARS", **kwargs):
@@ -42,18 +60,11 @@ class LARS(tf.keras.optimizers.Optimizer):
         self.eta = eta
         self.weight_decay_rate = weight_decay_rate
 
-    def build(self, var_list):
-        super().build(var_list)
-        if getattr(self, "_built", False):
-            return
-        self._built = True
-        self._velocities = [self.add_variable_from_reference(v, "velocity") for v in var_list]
-
     def update_step(self, gradient, variable):
         dtype = variable.dtype
         lr = tf.cast(self.learning_rate, dtype)
         wd = tf.cast(self.weight_decay_rate, dtype)
-        velocity = self._velocities[self._index_dict[self._var_key(variable)]]
+        velocity = self._slot("velocity", variable)
         gradient = tf.convert_to_tensor(gradient)
         w_norm, g_norm = tf.norm(variable), tf.norm(gradient)
         local_lr = tf.cast(self.eta, dtype) * _trust_ratio(w_norm, g_norm + wd * w_norm)
@@ -68,13 +79,15 @@ class LARS(tf.keras.optimizers.Optimizer):
         return config
 
 
-class LAMB(tf.keras.optimizers.Optimizer):
+class LAMB(_WithSlots):
     """Layer-wise Adaptive Moments for Batch training (You et al. 2020), Algorithm 2.
 
     ``m <- b1 m + (1 - b1) g``, ``v <- b2 v + (1 - b2) g^2``, bias-corrected ``m_hat``, ``v_hat``;
     ``r = m_hat / (sqrt(v_hat) + epsilon) + weight_decay * w``;
     ``w <- w - learning_rate * (||w|| / ||r||) * r``.
     """
+
+    SLOTS = ("m", "v")
 
     def __init__(self, learning_rate=1e-3, beta_1=0.9, beta_2=0.999, epsilon=1e-6,
                  weight_decay_rate=0.0, name="LAMB", **kwargs):
@@ -83,21 +96,12 @@ class LAMB(tf.keras.optimizers.Optimizer):
         self.beta_1, self.beta_2, self.epsilon = beta_1, beta_2, epsilon
         self.weight_decay_rate = weight_decay_rate
 
-    def build(self, var_list):
-        super().build(var_list)
-        if getattr(self, "_built", False):
-            return
-        self._built = True
-        self._m = [self.add_variable_from_reference(v, "m") for v in var_list]
-        self._v = [self.add_variable_from_reference(v, "v") for v in var_list]
-
     def update_step(self, gradient, variable):
         dtype = variable.dtype
         lr = tf.cast(self.learning_rate, dtype)
         b1, b2 = tf.cast(self.beta_1, dtype), tf.cast(self.beta_2, dtype)
         step = tf.cast(self.iterations + 1, dtype)
-        index = self._index_dict[self._var_key(variable)]
-        m, v = self._m[index], self._v[index]
+        m, v = self._slot("m", variable), self._slot("v", variable)
         gradient = tf.convert_to_tensor(gradient)
         m.assign(b1 * m + (1 - b1) * gradient)
         v.assign(b2 * v + (1 - b2) * tf.square(gradient))
