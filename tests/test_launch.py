@@ -54,6 +54,8 @@ def _record_pid_then(folder, behaviour):
             raise ValueError("rank one is broken")
         if behaviour == "exit":
             os._exit(3)
+        if behaviour == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)  # as the OOM killer or a user would
         if behaviour == "hang":
             time.sleep(3600)
     if behaviour == "hang-all":
@@ -75,6 +77,7 @@ def test_four_workers_all_reduce_and_return_rank0_value():
 @pytest.mark.parametrize("behaviour, expected", [
     ("raise", "ValueError: rank one is broken"),
     ("exit", "died without reporting"),
+    ("kill", "died without reporting"),
 ])
 def test_failure_of_one_rank_is_reported_and_leaves_no_orphans(tmp_path, behaviour, expected):
     result = launch.run(_record_pid_then, 3, args=(str(tmp_path), behaviour), verbose=False, check=False,
