@@ -250,8 +250,8 @@ def measure_stages(folder, *, batch_size: int, image_size: int, width: float, re
                    progress: bool = True) -> list[StageResult]:
     """Time every stage: the pipeline alone, and training AlexNet fed by it beside the ceiling.
 
-    The ceiling (training on a batch already on the device) is re-measured in rounds interleaved
-    with each stage's, so the ratio stays fair on a machine whose speed drifts.
+    The ceiling (the same model's training step on a batch already on the device) is re-measured
+    in rounds interleaved with each stage's, so the ratio stays fair on a machine whose speed drifts.
     """
     from tqdm.auto import tqdm
 
@@ -261,9 +261,11 @@ def measure_stages(folder, *, batch_size: int, image_size: int, width: float, re
     float_model = alexnet.alexnet(image_size, width=width, seed=seed)
     uint8_model = alexnet.alexnet(image_size, width=width, uint8_input=True, seed=seed)
     steps = {False: alexnet.make_train_step(float_model), True: alexnet.make_train_step(uint8_model)}
-    on_device = tf.random.normal((batch_size, image_size, image_size, 3))
+    # Synthetic batches already in memory (on the GPU, if there is one), in each model's input type.
+    on_device = {False: tf.random.normal((batch_size, image_size, image_size, 3), seed=seed),
+                 True: tf.cast(tf.random.uniform((batch_size, image_size, image_size, 3), 0, 256, seed=seed),
+                               tf.uint8)}
     on_device_labels = tf.zeros((batch_size,), tf.int32)
-    ceiling_step = steps[False]
 
     results = []
     for stage in tqdm(STAGES, desc="pipeline stages", disable=not progress):
@@ -278,13 +280,15 @@ def measure_stages(folder, *, batch_size: int, image_size: int, width: float, re
                 tf.keras.mixed_precision.set_global_policy("float32")
         else:
             step = steps[stage.uint8]
+        # The ceiling of the model this stage feeds: the same step on a batch already in memory.
+        ceiling_batch = on_device[stage.uint8]
         fresh = fill_cache(stage.name, folder, batch_size, image_size, seed)
         alone = fresh()
         pipeline_rate = measure_rate(lambda: next(alone), batch_size, warmup=2, repeats=repeats,
                                      calls_per_round=steps_per_round * 2).median
         feeding = fresh()
         rates = measure_side_by_side(
-            {"ceiling": lambda: ceiling_step(on_device, on_device_labels).numpy(),
+            {"ceiling": lambda: step(ceiling_batch, on_device_labels).numpy(),
              "train": lambda: step(*next(feeding)).numpy()},
             batch_size, warmup=2, repeats=repeats, calls_per_round=steps_per_round)
         results.append(StageResult(stage, pipeline_rate, rates["train"].median, rates["ceiling"].median))
