@@ -416,23 +416,30 @@ def steps_to_target_regimes(batch_sizes, steps: dict, fits: dict, best_lrs: dict
     return fig
 
 
-def noise_scale_run(run, b_crit: float, target_loss: float, name: str = "02_noise_scale"):
-    """B_simple and the held-out loss at each checkpoint of one training run, against B_crit."""
-    fig, ax = plt.subplots(figsize=(7, 4))
+def noise_scale_run(run, b_crit: float, target_loss: float, pooled=(), name: str = "02_noise_scale"):
+    """B_simple and the held-out loss at each checkpoint of one training run, against B_crit.
+
+    ``pooled``: ``(step, value, label)`` triples for pooled estimates, drawn as stars.
+    """
+    fig, ax = plt.subplots(figsize=(7.5, 4.2))
     steps = np.maximum(run.steps, 0.5)  # step 0 drawn at 0.5 on the log axis
-    ax.plot(steps, run.b_simple, "o-", color="tab:purple", label="B_simple = tr(Sigma) / |G|^2")
-    ax.axhline(b_crit, color="tab:blue", ls="--", label=f"B_crit from the S(B) fit = {b_crit:.0f}")
+    ax.plot(steps, run.b_simple, "o-", color="tab:purple", lw=1, ms=4,
+            label="B_simple = tr(Sigma) / |G|^2 at one checkpoint")
+    for (step, value, label), colour in zip(pooled, ("tab:olive", "tab:green", "darkgreen")):
+        ax.plot([max(step, 0.5)], [value], "*", ms=14, color=colour, label=f"{label}: {value:.0f}")
+    ax.axhline(b_crit, color="tab:blue", ls="--", label=f"B_crit from the S(B) fit: {b_crit:.0f}")
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("training step (step 0 drawn at 0.5)")
     ax.set_ylabel("batch size")
     twin = ax.twinx()
-    twin.plot(steps, run.eval_loss, "s:", color="tab:gray", ms=3, label="held-out loss")
-    twin.axhline(target_loss, color="tab:gray", lw=0.8)
+    twin.plot(steps, run.eval_loss, "s:", color="tab:gray", ms=3, label="held-out loss (right axis)")
+    twin.axhline(target_loss, color="tab:gray", lw=0.8, label=f"target loss {target_loss}")
     twin.set_ylabel("held-out loss", color="tab:gray")
     lines = ax.get_legend_handles_labels()
     more = twin.get_legend_handles_labels()
-    ax.legend(lines[0] + more[0], lines[1] + more[1], fontsize=8, loc="center left")
+    ax.legend(lines[0] + more[0], lines[1] + more[1], fontsize=7, loc="upper center",
+              bbox_to_anchor=(0.5, -0.16), ncol=2, frameon=False)
     ax.set_title("The gradient noise scale grows as training proceeds", fontsize=10)
     fig.tight_layout()
     save_figure(fig, name)
@@ -451,8 +458,9 @@ def scaling_rules_and_warmup(study: dict, base_batch: int, warmup_batch: int,
         colour, style = styles.get(key, ("black", "o-"))
         rule, warm = key.split("/")
         batches = sorted(values)
+        warm_text = "no warm-up" if warm == "none" else f"{warm} warm-up"
         ax.plot(batches, [values[b] for b in batches], style, color=colour,
-                label=f"{rule} scaling, {warm} warm-up" if rule != "none" else "no LR scaling")
+                label=f"{rule} scaling, {warm_text}" if rule != "none" else "no LR scaling")
     base = study["linear/gradual"][base_batch]
     ax.axhline(base, color="black", lw=0.8, ls=":", label=f"batch {base_batch} (the base)")
     _log2_batch_axis(ax, sorted(study["linear/gradual"]))
@@ -492,7 +500,8 @@ def sharp_vs_flat(alphas, train_loss, test_accuracy, sharpness: dict, accuracies
     ax.set_title("f(a x_LB + (1 - a) x_SB)", fontsize=10)
     ax = axes[1]
     labels = list(sharpness)
-    ax.bar(labels, [sharpness[k] for k in labels], color=["tab:blue", "tab:orange", "tab:red"][: len(labels)])
+    ticks = [k.replace(", ", "\n") for k in labels]
+    ax.bar(ticks, [sharpness[k] for k in labels], color=["tab:blue", "tab:orange", "tab:red"][: len(labels)])
     for i, k in enumerate(labels):
         ax.text(i, sharpness[k], f"{sharpness[k]:.2f}", ha="center", va="bottom", fontsize=8)
     ax.set_ylabel("epsilon-sharpness (x100, relative)")
@@ -501,7 +510,7 @@ def sharp_vs_flat(alphas, train_loss, test_accuracy, sharpness: dict, accuracies
     ax = axes[2]
     labels = list(accuracies)
     values = [accuracies[k] for k in labels]
-    ax.bar(labels, values, color=["tab:blue", "tab:orange", "tab:red"][: len(labels)])
+    ax.bar([k.replace(", ", "\n") for k in labels], values, color=["tab:blue", "tab:orange", "tab:red"][: len(labels)])
     for i, v in enumerate(values):
         ax.text(i, v, f"{v:.3f}", ha="center", va="bottom", fontsize=8)
     ax.set_ylim(min(values) - 0.05, max(values) + 0.03)
@@ -594,6 +603,117 @@ def call_overhead(table: dict, name: str = "03_call_overhead"):
     ax.set_title("Tiny models: a fixed cost per call dominates", fontsize=10)
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
+    fig.tight_layout()
+    save_figure(fig, name)
+    return fig
+
+
+# ---- Lab 3 (notebook 04)
+
+
+def ring_allreduce_steps(steps, name: str = "04_ring_allreduce"):
+    """One panel per ring step: which workers' contributions each worker's copy of each chunk holds.
+
+    ``steps`` come from :func:`mgpu.allreduce.ring_allreduce_steps` run on inputs where worker i
+    holds ``2.0 ** i`` everywhere, so a chunk's value names the workers summed into it.
+    """
+    n = len(steps[0].chunks)
+    fig, axes = plt.subplots(1, len(steps), figsize=(2.3 * len(steps), 2.9), squeeze=False)
+    for ax, st in zip(axes[0], steps):
+        counts = np.array([[bin(int(round(c[0]))).count("1") for c in worker] for worker in st.chunks])
+        ax.imshow(counts, cmap="Blues", vmin=0, vmax=n)
+        for w in range(n):
+            for c in range(n):
+                ax.text(c, w, counts[w, c], ha="center", va="center", fontsize=8,
+                        color="white" if counts[w, c] > n / 2 else "black")
+        for i, j, c in st.sends:
+            ax.annotate("", xy=(c + 0.3, j - 0.35 if j > i else j + 0.35), xytext=(c + 0.3, i),
+                        arrowprops=dict(arrowstyle="->", color="tab:red", lw=0.8))
+        ax.set_xticks(range(n), [str(c) for c in range(n)], fontsize=7)
+        ax.set_yticks(range(n), [f"w{w}" for w in range(n)], fontsize=7)
+        title = "start" if st.phase == "start" else f"{st.phase}\nstep {st.step + 1}"
+        ax.set_title(f"{title}\nsent/worker: {int(st.bytes_sent[0])} B", fontsize=7)
+        ax.set_xlabel("chunk", fontsize=7)
+    fig.suptitle("Ring all-reduce: number of workers summed into each copy of each chunk "
+                 "(red: this step's sends)", fontsize=9)
+    fig.tight_layout()
+    save_figure(fig, name)
+    return fig
+
+
+def scaling(images_per_s: dict, name: str = "04_scaling"):
+    """Images/s against the number of workers, with the ideal line, and the scaling efficiency."""
+    workers = sorted(images_per_s)
+    rates = [images_per_s[w] for w in workers]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.6))
+    left.plot(workers, rates, "o-", label="measured")
+    left.plot(workers, [rates[0] * w for w in workers], "k--", label="ideal (N x one worker)")
+    left.set_xlabel("workers (Horovod processes)")
+    left.set_ylabel("images per second (all workers)")
+    left.set_xticks(workers)
+    left.legend(fontsize=8)
+    left.grid(alpha=0.3)
+    left.set_title("Throughput", fontsize=10)
+    eff = [images_per_s[w] / (w * rates[0]) for w in workers]
+    right.bar([str(w) for w in workers], eff, color="tab:orange")
+    for i, e in enumerate(eff):
+        right.text(i, e, f"{e:.2f}", ha="center", va="bottom", fontsize=8)
+    right.axhline(1.0, color="k", ls="--", lw=0.8)
+    right.set_xlabel("workers")
+    right.set_ylabel("scaling efficiency  T_N / (N T_1)")
+    right.set_ylim(0, 1.15)
+    right.set_title("Efficiency", fontsize=10)
+    fig.tight_layout()
+    save_figure(fig, name)
+    return fig
+
+
+def step_time_split(rows: dict, name: str = "04_step_split"):
+    """Stacked bars: milliseconds per step in gradient computation and in the all-reduce."""
+    labels = list(rows)
+    compute = np.array([rows[k][0] for k in labels]) * 1e3
+    reduce_ = np.array([rows[k][1] for k in labels]) * 1e3
+    fig, ax = plt.subplots(figsize=(7, 3.6))
+    ax.bar(labels, compute, label="compute gradients (forward + backward)")
+    ax.bar(labels, reduce_, bottom=compute, label="all-reduce gradients")
+    for i, (c, r) in enumerate(zip(compute, reduce_)):
+        ax.text(i, c + r, f"{r / (c + r):.0%} comm.", ha="center", va="bottom", fontsize=8)
+    ax.set_ylabel("milliseconds per step (median)")
+    ax.set_title("Where a 4-worker step goes", fontsize=10)
+    ax.legend(fontsize=8)
+    ax.tick_params(axis="x", labelsize=8)
+    fig.tight_layout()
+    save_figure(fig, name)
+    return fig
+
+
+def weight_divergence(spreads: dict, name: str = "04_divergence"):
+    """Largest weight difference between ranks at the end of training, per variant (log scale)."""
+    fig, ax = plt.subplots(figsize=(6.5, 3.4))
+    labels = list(spreads)
+    values = [max(spreads[k], 1e-12) for k in labels]
+    ax.bar(labels, values, color=["tab:green" if v < 1e-6 else "tab:red" for v in values])
+    for i, v in enumerate(values):
+        ax.text(i, v, "0 (identical)" if spreads[labels[i]] == 0 else f"{v:.2g}", ha="center",
+                va="bottom", fontsize=8)
+    ax.set_yscale("log")
+    ax.set_ylim(1e-13, 10)
+    ax.set_ylabel("max |w_rank - w_rank0| after training")
+    ax.set_title("Do the 4 ranks hold the same model?", fontsize=10)
+    ax.tick_params(axis="x", labelsize=8)
+    fig.tight_layout()
+    save_figure(fig, name)
+    return fig
+
+
+def timeline_activities(summary: dict, name: str = "04_timeline"):
+    """Horizontal bars: wall-clock seconds of each Horovod activity in a timeline."""
+    acts = [a for a in summary["activities"] if a.wall_s > 0][::-1]
+    fig, ax = plt.subplots(figsize=(7, 0.35 * len(acts) + 1.2))
+    ax.barh([a.name for a in acts], [a.wall_s for a in acts])
+    ax.set_xlabel(f"seconds with at least one tensor in the activity (trace spans {summary['span_s']:.1f} s)")
+    ax.set_title("Horovod timeline of one 4-worker run", fontsize=10)
+    ax.tick_params(axis="y", labelsize=8)
     fig.tight_layout()
     save_figure(fig, name)
     return fig
