@@ -15,6 +15,15 @@ The notebooks stay narrative; the code they call lives here, one module per conc
 - ``mgpu.imagefolder`` Lab 2's folder of JPEG files and TFRecord shards
 - ``mgpu.alexnet``   AlexNet (single tower) and the training step Lab 2's pipelines feed
 - ``mgpu.pipeline``  Lab 2's input pipelines, stage by stage, and their measurement
+- ``mgpu.models``    small Keras models (CNN, MLP, ResNet-style) for the labs
+- ``mgpu.multimodel`` many small MLPs trained side by side in one batched computation (Lab 1 sweeps)
+- ``mgpu.batch_study`` Lab 1's batch-size studies: steps-to-target, fits, scaling rules, warm-up
+- ``mgpu.noise_scale`` the two-batch gradient noise scale estimator (McCandlish et al. 2018)
+- ``mgpu.sharpness`` epsilon-sharpness and 1-D interpolation (Keskar et al. 2017)
+- ``mgpu.keras_runs`` throughput and time-to-accuracy runs with the course callbacks
+- ``mgpu.conversion`` Lab 3's training script, one Horovod conversion step at a time
+- ``mgpu.step_costs`` time in compute vs all-reduce per step, and per-worker gradient norms
+- ``mgpu.timeline``  reading Horovod's timeline
 - ``mgpu.results``   each notebook's headline numbers (``build/results``) and figures
 - ``mgpu.plots``     the course's figures, one call each
 - ``mgpu.course``    executing the notebooks headless with papermill
