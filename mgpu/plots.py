@@ -10,6 +10,20 @@ import numpy as np
 from mgpu.results import save_figure
 
 
+def _finish_log_log(fig, ax, name: str, xlabel: str, ylabel: str, title: str, legend_loc: str = "best"):
+    """The shared ending of the log-log figures: axes, labels, legend, grid, then save."""
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=8, loc=legend_loc)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    save_figure(fig, name)
+    return fig
+
+
 def show_examples(dataset, per_class: int = 8, seed: int = 0, name: str | None = None):
     """A grid of training images: one row per class, ``per_class`` random examples each."""
     rng = np.random.default_rng(seed)
@@ -245,16 +259,9 @@ def noise_ball(mean_loss, lrs, batch_size: int, predicted, grid_lrs, grid_batche
     span = np.array([grid_predicted.min() / 2, grid_predicted.max() * 2])
     ax.plot(span, span, color="black", linewidth=1, label="measured = predicted")
     ax.fill_between(span, span * 0.8, span * 1.2, color="tab:gray", alpha=0.2, label="±20%")
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel("predicted E[f] = step·s² / (2B(2 - step·h))")
-    ax.set_ylabel("measured stationary E[f]")
-    ax.set_title("Every (step, batch) of the grid; colour = step size (darker: smaller)", fontsize=10)
-    ax.legend(fontsize=8, loc="upper left")
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    save_figure(fig, name)
-    return fig
+    return _finish_log_log(fig, ax, name, "predicted E[f] = step·s² / (2B(2 - step·h))",
+                           "measured stationary E[f]",
+                           "Every (step, batch) of the grid; colour = step size (darker: smaller)", "upper left")
 
 
 def decaying_step_loss(decaying_loss, decaying_expected, constant_loss, constant_lr, label: str,
@@ -269,16 +276,8 @@ def decaying_step_loss(decaying_loss, decaying_expected, constant_loss, constant
             label="exact E[f] of the decaying step")
     lo, hi = fit_range
     ax.axvspan(lo, hi, color="tab:blue", alpha=0.08, label=f"fit range: slope {slope:.2f}")
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel("SGD step t")
-    ax.set_ylabel("E[f(x_t)]  (mean over chains)")
-    ax.set_title("A decaying step keeps improving, as O(1/t)", fontsize=10)
-    ax.legend(fontsize=8, loc="lower left")
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    save_figure(fig, name)
-    return fig
+    return _finish_log_log(fig, ax, name, "SGD step t", "E[f(x_t)]  (mean over chains)",
+                           "A decaying step keeps improving, as O(1/t)", "lower left")
 
 
 def saddle_escape(gd_path, sgd_paths, sgd_final, name: str = "01_saddle"):
@@ -596,16 +595,8 @@ def call_overhead(table: dict, name: str = "03_call_overhead"):
             batches = sorted(row)
             ax.plot(batches, [row[b] * 1e3 for b in batches], styles.get(d, ":"), marker="o",
                     label=f"{device}, Dense({width})")
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel("batch size (samples per call)")
-    ax.set_ylabel("milliseconds per training call")
-    ax.set_title("Tiny models: a fixed cost per call dominates", fontsize=10)
-    ax.legend(fontsize=8)
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    save_figure(fig, name)
-    return fig
+    return _finish_log_log(fig, ax, name, "batch size (samples per call)", "milliseconds per training call",
+                           "Tiny models: a fixed cost per call dominates")
 
 
 # ---- Lab 3 (notebook 04)
