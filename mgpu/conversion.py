@@ -25,6 +25,7 @@ STEPS: dict[str, str] = {
     "pin": "pin one GPU per process, the GPU of its local rank (a no-op on a CPU)",
     "rank0_output": "progress bars and logs only from rank 0",
     "distributed_optimizer": "wrap the optimizer: gradients are averaged by all-reduce before each update",
+    "scale_lr": "multiply the learning rate by size (the batch grew size-fold) and warm it up over the first epochs",
     "broadcast": "broadcast rank 0's initial variables so that every rank starts from the same model",
     "shard": "each rank reads its own 1/size of the data; steps per epoch divided by size",
     "metric_average": "average the epoch's metrics over the ranks (MetricAverageCallback)",
@@ -32,7 +33,7 @@ STEPS: dict[str, str] = {
 }
 
 _TEMPLATE = '''\
-"""Train a small ResNet on the course's images (Lab 3's training script)."""
+"""Train a small CNN (ResNet-style by default) on the course's images: Lab 3's training script."""
 import argparse
 import json
 import os
@@ -47,7 +48,10 @@ from mgpu import callbacks, data, models
 parser = argparse.ArgumentParser(description=__doc__)
 parser.add_argument("--epochs", type=int, default=3)
 parser.add_argument("--batch", type=int, default=64, help="images per step on each process")
-parser.add_argument("--lr", type=float, default=0.05)
+parser.add_argument("--lr", type=float, default=0.0125, help="learning rate for one process")
+parser.add_argument("--warmup-epochs", type=float, default=1.0, help="epochs to ramp the scaled rate up")  # @scale_lr
+parser.add_argument("--model", choices=["resnet", "cnn"], default="resnet",
+                    help="the small ResNet, or the faster two-layer CNN")
 parser.add_argument("--width", type=int, default=16, help="channels of the first ResNet stage")
 parser.add_argument("--blocks", type=int, default=1, help="residual blocks per stage")
 parser.add_argument("--train-images", type=int, default=8192)
@@ -84,9 +88,14 @@ steps_per_epoch = args.train_images // args.batch  # @!shard
 train = (tf.data.Dataset.from_tensor_slices((x, y)).shuffle(len(x), seed=args.seed + rank)
          .repeat().batch(args.batch).prefetch(tf.data.AUTOTUNE))
 
-model = models.small_resnet(x.shape[1:], len(dataset.class_names), width=args.width,
-                            blocks=args.blocks, seed=args.seed + rank)
-optimizer = tf.keras.optimizers.SGD(args.lr, momentum=0.9)
+if args.model == "resnet":
+    model = models.small_resnet(x.shape[1:], len(dataset.class_names), width=args.width,
+                                blocks=args.blocks, seed=args.seed + rank)
+else:
+    model = models.small_cnn(x.shape[1:], len(dataset.class_names), seed=args.seed + rank)
+lr = args.lr * size  # @scale_lr
+lr = args.lr  # @!scale_lr
+optimizer = tf.keras.optimizers.SGD(lr, momentum=0.9)
 compression = hvd.Compression.fp16 if args.compression == "fp16" else hvd.Compression.none  # @distributed_optimizer
 optimizer = hvd.DistributedOptimizer(optimizer, compression=compression)  # @distributed_optimizer
 model.compile(optimizer=optimizer,
@@ -97,6 +106,11 @@ throughput = callbacks.Throughput(args.batch * size, warmup_batches=2)
 fit_callbacks = [throughput]
 fit_callbacks.append(hvd.callbacks.BroadcastGlobalVariablesCallback(root_rank=0))  # @broadcast
 fit_callbacks.append(hvd.callbacks.MetricAverageCallback())  # @metric_average
+# From lr / size up to lr over the warm-up (Goyal et al. 2017). Keras 2.15 keeps momentum as a  # @scale_lr
+# constant of the compiled step, so Horovod's momentum correction must stay off.  # @scale_lr
+fit_callbacks.append(hvd.callbacks.LearningRateWarmupCallback(  # @scale_lr
+    initial_lr=lr, warmup_epochs=args.warmup_epochs, momentum_correction=False,  # @scale_lr
+    steps_per_epoch=steps_per_epoch))  # @scale_lr
 fit_callbacks.append(callbacks.WallClockCSVLogger(os.path.join(args.out, "log.csv"), enabled=talk))
 if save_here:
     fit_callbacks.append(tf.keras.callbacks.ModelCheckpoint(
