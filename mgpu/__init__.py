@@ -22,6 +22,7 @@ The notebooks stay narrative; the code they call lives here, one module per conc
 - ``mgpu.sharpness`` epsilon-sharpness and 1-D interpolation (Keskar et al. 2017)
 - ``mgpu.keras_runs`` throughput and time-to-accuracy runs with the course callbacks
 - ``mgpu.conversion`` Lab 3's training script, one Horovod conversion step at a time
+- ``mgpu.recipes``   Lab 3's accuracy-at-scale recipes (LR scaling, warm-up, momentum, LARS/LAMB)
 - ``mgpu.step_costs`` time in compute vs all-reduce per step, and per-worker gradient norms
 - ``mgpu.timeline``  reading Horovod's timeline
 - ``mgpu.results``   each notebook's headline numbers (``build/results``) and figures
