@@ -10,12 +10,9 @@ result):
   apart: computing the gradients (forward and backward pass) and averaging them across the
   workers (one ``hvd.allreduce`` per gradient tensor, as ``DistributedOptimizer`` does, so tensor
   fusion applies). Steps alternate between no compression and fp16 compression, so both see the
-  same machine load. The ``noise_steps`` that follow hold the weights fixed and record every
-  worker's own squared gradient norm (batch ``b``) and the squared norm of the averaged gradient
-  (batch ``b * size``): the two-batch estimate of the gradient noise scale
-  (:mod:`mgpu.noise_scale`) comes for free with the all-reduce. Fixed weights make every pair
-  measure the same |G|^2 and tr(Sigma); while training moves the weights, the two drift, and the
-  ratio of their noisy averages ranged over almost three orders of magnitude between seeds.
+  same machine load. Each step also records every worker's own squared gradient norm (batch
+  ``b``) and the squared norm of the averaged gradient (batch ``b * size``): the two-batch estimate
+  of the gradient noise scale (:mod:`mgpu.noise_scale`) comes for free.
 """
 
 from __future__ import annotations
@@ -51,8 +48,8 @@ def step_costs(*, width: int, blocks: int, batch: int, steps: int, warmup: int =
     """Time gradient computation and all-reduce per step; log per-worker and averaged gradient norms.
 
     ``steps`` steps of each kind (uncompressed and fp16) are timed after ``warmup`` untimed ones;
-    ``noise_steps`` further uncompressed steps, at the weights the timed steps left, only measure
-    gradient norms for the noise-scale estimate (which is noisy: it wants tens of steps). Returns rank 0's median seconds per step for each
+    ``noise_steps`` further uncompressed steps only add gradient norms to the noise-scale estimate
+    (which is noisy: it wants tens of steps). Returns rank 0's median seconds per step for each
     part, the gradient size in bytes and the noise-scale estimate from the uncompressed steps.
     """
     import horovod.tensorflow as hvd
@@ -101,12 +98,11 @@ def step_costs(*, width: int, blocks: int, batch: int, steps: int, warmup: int =
         averaged, big_sq = kinds[kind](grads)
         big_sq = float(big_sq.numpy())
         reduced = time.perf_counter()
-        if step < timed_steps:
-            optimizer.apply_gradients(zip(averaged, variables))
+        optimizer.apply_gradients(zip(averaged, variables))
         if 2 * warmup <= step < timed_steps:
             times["compute"].append(computed - started)
             times[f"allreduce_{kind}"].append(reduced - computed)
-        if step >= timed_steps:
+        if step >= 2 * warmup and kind == "none":
             # Every worker's own squared norm, averaged over the workers (a scalar all-reduce).
             mean_small = float(hvd.allreduce(tf.constant(small_sq), op=hvd.Average).numpy())
             estimator.update(mean_small, big_sq)
