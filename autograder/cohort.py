@@ -24,11 +24,12 @@ PROGRAM_CELL = "training_program"
 #: student -> (passes, words every one of which must appear in its reasons)
 EXPECTED: dict[str, tuple[bool, tuple[str, ...]]] = {
     "reference": (True, ()),
-    "unconverted": (False, ("test test_horovod_init failed", "hvd.size()")),
+    "unconverted": (False, ("test test_horovod_init failed", "hvd.size()",
+                            "test test_distributed_training failed", "DistributedOptimizer")),
     "crashing": (False, ("cell run_training failed", "NameError", "batch_sise")),
     "infinite_loop": (False, ("timed out after",)),
-    "fake_accuracy": (False, ("locked cell modified: restored (outcome)", "< ", "target",
-                              "test test_horovod_init failed")),
+    "fake_accuracy": (False, ("locked cell modified: restored (outcome)", "target (best of",
+                              "test test_horovod_init failed", "no training process reported")),
 }
 
 _FAKE_PROGRAM = '''\

@@ -310,6 +310,19 @@ def mark_unexecuted_tests(notebook, why: str) -> list[str]:
     return marked
 
 
+def condense_test_tracebacks(notebook) -> None:
+    """Reduce the error outputs of autograded cells to ``Name: message``.
+
+    IPython's traceback lists the failing cell's code around the failing line, which would show
+    hidden tests in the feedback (nbgrader removes them from the cell's source only). The score
+    depends on the output being an error, not on its traceback.
+    """
+    for cell in grade_cells(notebook):
+        for output in cell.get("outputs", []):
+            if output.get("output_type") == "error":
+                output["traceback"] = [f"{output.get('ename')}: {output.get('evalue')}"]
+
+
 def set_outcome(notebook, passed: bool, lines: list[str], reason: str) -> bool:
     """Replace the outcome cell's outputs with the grader's measurement; False if it is missing."""
     for cell in grade_cells(notebook):

@@ -220,6 +220,7 @@ class CohortGrader:
 
     def _finish(self, verdict: Verdict, executed, started: float) -> Verdict:
         timestamp = self.course.submitted_dir(verdict.student) / "timestamp.txt"
+        course_mod.condense_test_tracebacks(executed)
         with self._nbgrader_lock:
             self.course.autograde(verdict.student, executed, self.notebook_id, timestamp)
             scores = self.course.scores(verdict.student)
