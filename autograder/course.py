@@ -20,11 +20,16 @@ import hashlib
 import os
 import shutil
 import sys
+import warnings
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import nbformat
+
+# nbgrader 0.9.6 + SQLAlchemy 2 warn on every autograde about objects "not in session" (harmless,
+# nbgrader's own code); they would bury the grader's progress bar.
+warnings.filterwarnings("ignore", message=r"Object of type <Submitted")
 
 #: The autograded cell whose output the grader replaces with its own measurement.
 OUTCOME_CELL = "outcome"

@@ -6,7 +6,7 @@ five-submission demonstration cohort (:mod:`autograder.cohort`), runs
     python -m autograder grade COURSE --assignment assessment --profile P --workers N
 
 as a subprocess on the wall clock, and reads the grader's records. It prints, and writes to
-``build/results/autograder_benchmark.json``:
+``build/results/autograder_benchmark.json`` (with ``--only``: ``autograder_<students>_<profile>_<workers>.json``):
 
 - ``cohort_seconds``: the whole command (start-up, release, data, every submission, reports);
 - ``overhead_s_per_submission``: mean over submissions of the grader's total time for it minus the
@@ -94,7 +94,10 @@ def main(argv: list[str] | None = None) -> int:
         values["reference_seen_s_by_epoch"] = {str(e["epoch"]): e["seconds"] for e in reference["epochs"]}
         values["target_accuracy"] = reference["target_accuracy"]
         values["time_budget_s"] = reference["time_budget_s"]
-    path = results.write_results("autograder_benchmark", values, dataset=None, smoke=args.profile == "cpu", seed=0)
+    # The whole cohort is the benchmark; a partial run (--only) is kept apart so it never replaces it.
+    stem = ("autograder_benchmark" if not args.only
+            else f"autograder_{'_'.join(students)}_{args.profile}_{args.workers}")
+    path = results.write_results(stem, values, dataset=None, smoke=args.profile == "cpu", seed=0)
     print(f"\ncohort of {len(records)} graded in {cohort_seconds:.0f} s; grader overhead "
           f"{values['overhead_s_per_submission']:.1f} s per submission (mean); {correct}/{len(records)} "
           f"verdicts as expected\n-> {path}")

@@ -34,6 +34,9 @@ import numpy as np
 
 #: Criterion: validation accuracy >= target for this many consecutive epochs (DLI's rule).
 CONSECUTIVE_EPOCHS = 2
+#: The locked stop rule ends training at target + this on the student's validation split, so that
+#: noise between that split and the grader's held-out split does not stop a run one epoch short.
+STOP_MARGIN = 0.02
 EPOCH_FILE = re.compile(r"^epoch_(\d{3})\.npz$")
 #: The biggest weights file the grader opens (the reference model's weights are ~0.4 MB).
 MAX_WEIGHTS_BYTES = 20 * 1024 * 1024
@@ -59,16 +62,26 @@ class Profile:
         return (self.name, self.dataset, self.workers)
 
 
-# The table. Each row's target and budget come from a measured run of the reference solution
-# (assignments/source/assessment/assessment.ipynb graded as a submission), on the machine named in
-# the comment; re-measure with `python benchmarks/assessment_reference.py --profile P --workers N`.
+# The table. Each row's target and budget come from measured runs of the reference solution
+# (assignments/source/assessment/assessment.ipynb graded as a submission, on the grader's clock),
+# re-measured with `python benchmarks/autograder_cohort.py --only reference --workers N`.
+# Machine for the cpu rows: a 2-core VM without GPU, shared with another engineer's jobs (load
+# average 5 to 11 during the runs), generated data, 2026-11-22. The reference reaches the target
+# at the same epoch every time (the data and seeds are fixed); only the time varies with the load.
 PROFILES: dict[tuple[str, str, int], Profile] = {
     p.key: p for p in [
-        # Smoke profile on the generated data, 2 Horovod workers on a shared 2-core VM (no GPU).
-        # Reference run (2026-11-22, benchmarks/assessment_reference.py, grader's clock):
-        # REFERENCE_CPU_2
+        # 2 workers: held-out accuracy by epoch 0.640 0.809 0.830 0.817 0.857 0.870 0.889, so the
+        # 2-epoch streak at 0.80 ends at epoch 2 (the best, 0.89, is not far above: the target is
+        # not free). Seen at 22 s (load 4.7), 43 s and 59 s (load 11.5); budget 90 s = 1.5x the
+        # slowest; the whole notebook took 34 s to 89 s. Timeout: budget + 30 s for the tests.
         Profile("cpu", "synthetic", 2, train_images=6000, val_images=1000, test_images=2000,
-                target_accuracy=0.85, time_budget_s=90, timeout_s=120, memory_limit_mb=6000),
+                target_accuracy=0.80, time_budget_s=90, timeout_s=120, memory_limit_mb=6000),
+        # 4 workers (4 processes on 2 cores): accuracy by epoch 0.634 0.776 0.830 0.844 0.852, streak
+        # ends at epoch 3, seen at 39.5 s (load 5 to 8; notebook 66 s); budget 120 s = 3x, as 4
+        # processes on 2 cores suffer more from a busy machine.
+        Profile("cpu", "synthetic", 4, train_images=6000, val_images=1000, test_images=2000,
+                target_accuracy=0.80, time_budget_s=120, timeout_s=150, memory_limit_mb=8000),
+        # No `gpu` row yet: it needs a measured reference run on 4 GPUs with Fashion-MNIST.
     ]
 }
 
@@ -311,6 +324,10 @@ def _callback_classes():
 def protected_callbacks(output_dir, target_accuracy: float, time_budget_s: float) -> list:
     """The locked callbacks for ``model.fit`` on every worker: facts, stop rule, budget, weights.
 
+    The stop rule ends training once ``val_accuracy`` >= target + :data:`STOP_MARGIN` for
+    :data:`CONSECUTIVE_EPOCHS` epochs; the time budget stops it at ``time_budget_s`` on the worker's
+    clock (the grader's clock, which also counts start-up, is the one that decides).
+
     Order matters: the stop rule reads ``val_accuracy`` after Horovod's metric averaging (put
     ``hvd.callbacks.MetricAverageCallback()`` before these), and the weights are saved last.
     """
@@ -319,8 +336,8 @@ def protected_callbacks(output_dir, target_accuracy: float, time_budget_s: float
     SaveEpochWeights, RunFacts = _callback_classes()
     clock = callbacks.TrainingClock()
     return [RunFacts(output_dir), clock,
-            callbacks.StopAtAccuracy(target_accuracy, "val_accuracy", consecutive=CONSECUTIVE_EPOCHS,
-                                     clock=clock),
+            callbacks.StopAtAccuracy(target_accuracy + STOP_MARGIN, "val_accuracy",
+                                     consecutive=CONSECUTIVE_EPOCHS, clock=clock),
             callbacks.TimeBudget(time_budget_s), SaveEpochWeights(output_dir)]
 
 

@@ -198,26 +198,52 @@ def test_bad_input_gives_one_line_naming_the_fix(course_dir, args, message):
     assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], result.stderr
 
 
+def test_a_zip_or_folder_of_notebooks_is_imported_as_submissions(course_dir, tmp_path):
+    import zipfile
+
+    with zipfile.ZipFile(tmp_path / "batch.zip", "w") as archive:
+        archive.write(SOURCE, "hand-in/Ada Lovelace.ipynb")
+        archive.writestr("hand-in/notes.txt", "not a notebook")
+    course = course_mod.Course(course_dir, "assessment")
+    assert course.import_submissions(tmp_path / "batch.zip") == ["Ada_Lovelace"]
+    target = course_dir / "submitted" / "Ada_Lovelace" / "assessment" / "assessment.ipynb"
+    assert target.read_bytes() == SOURCE.read_bytes()
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    shutil.copyfile(SOURCE, folder / "grace.ipynb")
+    assert course.import_submissions(folder) == ["grace"]
+    with pytest.raises(course_mod.CourseError, match="no .ipynb files"):
+        (tmp_path / "empty").mkdir()
+        course.import_submissions(tmp_path / "empty")
+    shutil.rmtree(course_dir / "submitted")
+
+
 # --------------------------------------------------------------------------------- rerun skip
 
 @pytest.mark.slow
 def test_rerun_skips_graded_submissions_unless_forced_or_changed(course_dir):
+    # Rejected submissions are graded in seconds (never run), two at a time here.
+    for name, text in (("broken", "{ not json"), ("empty", '{"cells": []}')):
+        folder = course_dir / "submitted" / name / "assessment"
+        folder.mkdir(parents=True)
+        (folder / "assessment.ipynb").write_text(text)
     student = course_dir / "submitted" / "broken" / "assessment"
-    student.mkdir(parents=True)
-    (student / "assessment.ipynb").write_text("{ not json")  # graded quickly: rejected, never run
     profile = next(iter(assessment.PROFILES.values()))
     logs = []
-    first = grade.grade_course(course_dir, "assessment", profile, progress=False, log=logs.append)
-    assert [v.student for v in first] == ["broken"] and not first[0].passed
+    first = grade.grade_course(course_dir, "assessment", profile, jobs=2, progress=False, log=logs.append)
+    assert [v.student for v in first] == ["broken", "empty"] and not any(v.passed for v in first)
     assert "rejected: not a well-formed notebook" in first[0].reason
-    assert course_mod.Course(course_dir, "assessment").scores("broken")["outcome"][0] == 0
+    assert "rejected: not a valid notebook" in first[1].reason or "cells missing" in first[1].reason
+    course = course_mod.Course(course_dir, "assessment")
+    assert all(score == 0 for name in ("broken", "empty") for score, _ in course.scores(name).values())
     assert grade.grade_course(course_dir, "assessment", profile, progress=False, log=logs.append) == []
-    assert any("skipping 1 submission(s) already graded" in line for line in logs)
+    assert any("skipping 2 submission(s) already graded" in line for line in logs)
     assert len(grade.grade_course(course_dir, "assessment", profile, force=True, progress=False,
-                                  log=logs.append)) == 1
+                                  log=logs.append)) == 2
     (student / "assessment.ipynb").write_text("{ still not json")
-    assert len(grade.grade_course(course_dir, "assessment", profile, progress=False, log=logs.append)) == 1
+    again = grade.grade_course(course_dir, "assessment", profile, progress=False, log=logs.append)
+    assert [v.student for v in again] == ["broken"]
     record = json.loads((course_dir / "autograder" / "assessment" / "broken.json").read_text())
     assert record["submission_sha256"] == course_mod.file_sha256(student / "assessment.ipynb")
     csv_lines = (course_dir / "autograder" / "assessment" / "grades.csv").read_text().splitlines()
-    assert len(csv_lines) == 2 and csv_lines[1].startswith("broken,False")
+    assert len(csv_lines) == 3 and csv_lines[1].startswith("broken,False")
