@@ -49,6 +49,7 @@ class Verdict:
     submission_sha256: str
     passed: bool
     reasons: list[str]
+    outcome_passed: bool = False         # the grader's measurement alone (tests aside)
     score: float = 0.0
     max_score: float = 0.0
     cell_scores: dict = field(default_factory=dict)
@@ -215,7 +216,7 @@ class CohortGrader:
         course_mod.set_outcome(executed, outcome.passed, lines, outcome.reason)
         if not outcome.passed:
             verdict.reasons.append(outcome.reason)
-        verdict.passed = outcome.passed  # tests are added in _finish
+        verdict.passed = verdict.outcome_passed = outcome.passed  # tests are added in _finish
         return self._finish(verdict, executed, started)
 
     def _finish(self, verdict: Verdict, executed, started: float) -> Verdict:

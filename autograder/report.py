@@ -16,7 +16,7 @@ import os
 import tempfile
 from pathlib import Path
 
-CSV_COLUMNS = ["student", "passed", "score", "max_score", "accuracy", "reached_seconds",
+CSV_COLUMNS = ["student", "passed", "outcome_passed", "score", "max_score", "accuracy", "reached_seconds",
                "notebook_seconds", "total_seconds", "run_status", "reason", "profile", "workers",
                "target_accuracy", "time_budget_s", "submission_sha256", "graded_at"]
 
