@@ -23,7 +23,6 @@ A rerun skips every submission already graded from the same notebook file (by SH
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import sys
 import tempfile
