@@ -74,6 +74,8 @@ PROFILES: dict[tuple[str, str, int], Profile] = {
         # 2-epoch streak at 0.80 ends at epoch 2 (the best, 0.89, is not far above: the target is
         # not free). Seen at 22 s (load 4.7), 43 s and 59 s (load 11.5); budget 90 s = 1.5x the
         # slowest; the whole notebook took 34 s to 89 s. Timeout: budget + 30 s for the tests.
+        # Memory: the run's process tree peaked at 1.5 GB resident (summed over processes, so
+        # shared pages count twice); the limit is 4x that.
         Profile("cpu", "synthetic", 2, train_images=6000, val_images=1000, test_images=2000,
                 target_accuracy=0.80, time_budget_s=90, timeout_s=120, memory_limit_mb=6000),
         # 4 workers (4 processes on 2 cores): accuracy by epoch 0.634 0.776 0.830 0.844 0.852, streak
