@@ -31,6 +31,15 @@ def test_export_writes_train_and_validation_only(dataset, tmp_path):
     np.testing.assert_array_equal(x_val, dataset.x_train[-100:])
 
 
+def test_practice_data_matches_what_the_grader_hands_out(tmp_path):
+    row = assessment.profile("cpu", 2)
+    assessment.prepare_practice_data(tmp_path / "practice", "cpu", 2)
+    assert assessment.has_data(tmp_path / "practice")
+    x, _, x_val, _, info = assessment.load_data(tmp_path / "practice")
+    assert len(x) == row.train_images and len(x_val) == row.val_images
+    assert info["name"] == data.load(row.dataset, verbose=False).name
+
+
 def test_missing_data_folder_names_the_fix(tmp_path):
     with pytest.raises(FileNotFoundError, match="data_dir"):
         assessment.load_data(tmp_path / "nowhere")

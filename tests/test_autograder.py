@@ -247,3 +247,25 @@ def test_rerun_skips_graded_submissions_unless_forced_or_changed(course_dir):
     assert record["submission_sha256"] == course_mod.file_sha256(student / "assessment.ipynb")
     csv_lines = (course_dir / "autograder" / "assessment" / "grades.csv").read_text().splitlines()
     assert len(csv_lines) == 3 and csv_lines[1].startswith("broken,False")
+
+
+@pytest.mark.slow
+def test_a_kernel_that_dies_is_graded_with_zeros_and_the_reason(tmp_path):
+    shutil.copyfile(ROOT / "assignments" / "nbgrader_config.py", tmp_path / "nbgrader_config.py")
+    shutil.copytree(ROOT / "assignments" / "source", tmp_path / "source")
+    course = course_mod.Course(tmp_path, "assessment")
+    course.ensure_release()
+    notebook = nbformat.read(tmp_path / "release" / "assessment" / "assessment.ipynb", as_version=4)
+    program = next(c for c in notebook.cells if c.metadata.get("nbgrader", {}).get("grade_id") == "training_program")
+    program.source = "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)  # as the OOM killer would"
+    folder = tmp_path / "submitted" / "oom" / "assessment"
+    folder.mkdir(parents=True)
+    nbformat.write(notebook, folder / "assessment.ipynb")
+    [verdict] = grade.grade_course(tmp_path, "assessment", assessment.profile("cpu", 2), progress=False,
+                                   log=lambda line: None)
+    assert not verdict.passed and verdict.run_status == "kernel_died"
+    assert verdict.reason.startswith("kernel died (out of memory?)")
+    # nbgrader recorded the submission (it drops it when its own kernel dies), every cell at zero
+    scores = course.scores("oom")
+    assert scores and all(score == 0 for score, _ in scores.values())
+    assert Path(verdict.feedback).exists()
