@@ -296,7 +296,13 @@ def grade_course(course_dir, assignment: str, profile: assessment.Profile, *, su
             with ThreadPoolExecutor(max_workers=jobs) as pool:
                 futures = {pool.submit(grader.grade, s): s for s in todo}
                 for future in as_completed(futures):
-                    verdict = future.result()
+                    try:
+                        verdict = future.result()
+                    except Exception as error:  # a grader fault must not lose the rest of the cohort
+                        log(f"grader error on {futures[future]} (not recorded; a rerun retries it): "
+                            f"{type(error).__name__}: {error}")
+                        bar.update()
+                        continue
                     verdicts.append(verdict)
                     bar.set_postfix_str(f"{verdict.student}: {'pass' if verdict.passed else 'fail'}")
                     bar.update()
