@@ -5,7 +5,7 @@ SMOKE ?= 0
 SEED ?= 0
 PORT ?= 8888
 
-.PHONY: setup course test lab tensorboard clean help
+.PHONY: setup course test lab tensorboard clean help assessment
 
 help:
 	@echo "make setup   create $(VENV) with the pinned stack and Horovod (idempotent)"
@@ -13,6 +13,7 @@ help:
 	@echo "make test    run the test suite (unit tests, real Horovod workers, notebooks in smoke mode)"
 	@echo "make lab     open JupyterLab on the notebooks (PORT=$(PORT))"
 	@echo "make tensorboard  open TensorBoard on build/profile (profiler traces from the labs)"
+	@echo "make assessment  build the assessment's release version (assignments/release/)"
 
 setup:
 	@VENV=$(VENV) bash scripts/setup.sh
@@ -31,3 +32,7 @@ tensorboard: setup
 
 clean:
 	rm -rf build
+
+# The assessment's release version (nbgrader generate_assignment): solutions and hidden tests removed.
+assessment: setup
+	cd assignments && PATH=$(abspath $(VENV))/bin:$$PATH $(abspath $(PY)) -m nbgrader generate_assignment assessment --force --create

@@ -25,6 +25,7 @@ The notebooks stay narrative; the code they call lives here, one module per conc
 - ``mgpu.recipes``   Lab 3's accuracy-at-scale recipes (LR scaling, warm-up, momentum, LARS/LAMB)
 - ``mgpu.step_costs`` time in compute vs all-reduce per step, and per-worker gradient norms
 - ``mgpu.timeline``  reading Horovod's timeline
+- ``mgpu.assessment`` the assessment's fixed model, data hand-off, locked callbacks and targets table
 - ``mgpu.results``   each notebook's headline numbers (``build/results``) and figures
 - ``mgpu.plots``     the course's figures, one call each
 - ``mgpu.course``    executing the notebooks headless with papermill

@@ -1,0 +1,342 @@
+"""The nbgrader course the grader works on: release, submissions, locked cells, autograde, feedback.
+
+Everything goes through nbgrader's own API (:class:`nbgrader.apps.NbGraderAPI`, its gradebook and
+its preprocessors). The course folder holds ``nbgrader_config.py``, ``source/<assignment>/``,
+``gradebook.db`` and the student submissions in ``submitted/<student>/<assignment>/``; the grader
+adds ``executed/`` (each submission as it ran: locked cells restored, parameters injected, outputs,
+the measured outcome), which it hands to ``autograde`` in place of ``submitted/`` so the students'
+files are never modified.
+
+Autograde runs with nbgrader's execution switched off, because the grader executed the notebook
+itself under its own limits. nbgrader would then give full marks to a test cell that never ran
+(it scores a code cell by looking for an error in its outputs), so :func:`mark_unexecuted_tests`
+first gives every such cell an error output; and a kernel that died is a run result here, not a
+crash of autograde, so the submission is still recorded with its zeros.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import sys
+import warnings
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import nbformat
+
+# nbgrader 0.9.6 + SQLAlchemy 2 warn on every autograde about objects "not in session" (harmless,
+# nbgrader's own code); they would bury the grader's progress bar.
+warnings.filterwarnings("ignore", message=r"Object of type <Submitted")
+
+#: The autograded cell whose output the grader replaces with its own measurement.
+OUTCOME_CELL = "outcome"
+EXECUTED_DIR = "executed"
+
+
+class CourseError(RuntimeError):
+    """Bad input for the grader: the message is one line naming the fix."""
+
+
+def _nbgrader_on_path() -> None:
+    # nbgrader runs `alembic` (database migrations) as a command: it lives next to this Python.
+    bin_dir = str(Path(sys.executable).parent)
+    if bin_dir not in os.environ.get("PATH", "").split(os.pathsep):
+        os.environ["PATH"] = os.pathsep.join([bin_dir, os.environ.get("PATH", "")])
+
+
+def file_sha256(path: Path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+@dataclass
+class SourceCellInfo:
+    grade_id: str
+    locked: bool
+    checksum: str
+    source: str
+    cell_type: str
+    points: float | None  # for grade cells
+
+
+class Course:
+    """One nbgrader course folder and one assignment in it."""
+
+    def __init__(self, course_dir: str | os.PathLike, assignment: str):
+        self.root = Path(course_dir).resolve()
+        self.assignment = assignment
+        if not self.root.is_dir():
+            raise CourseError(f"no course folder {course_dir}: pass the folder that holds nbgrader_config.py "
+                              "and source/ (this repo's is assignments/)")
+        source = self.root / "source"
+        if not (source / assignment).is_dir():
+            known = sorted(p.name for p in source.iterdir() if p.is_dir()) if source.is_dir() else []
+            raise CourseError(f"unknown assignment {assignment!r} in {self.root}: "
+                              + (f"choose one of {', '.join(known)}" if known
+                                 else "this folder has no source/<assignment>/ (is it an nbgrader course?)"))
+        _nbgrader_on_path()
+        from nbgrader.apps import NbGraderAPI
+        from nbgrader.coursedir import CourseDirectory
+        from traitlets.config import Config
+        from traitlets.config.loader import PyFileConfigLoader
+
+        config = Config()
+        if (self.root / "nbgrader_config.py").exists():
+            config.merge(PyFileConfigLoader("nbgrader_config.py", path=str(self.root)).load_config())
+        config.CourseDirectory.root = str(self.root)
+        # The grader executed the notebook already: nbgrader only reads the outputs.
+        config.Execute.enabled = False
+        config.ClearOutput.enabled = False
+        config.CourseDirectory.submitted_directory = EXECUTED_DIR
+        # nbgrader 0.9.6's feedback keeps hidden tests; the students must not see them.
+        from nbconvert.preprocessors import CSSHTMLHeaderPreprocessor
+        from nbgrader.preprocessors import ClearHiddenTests, GetGrades
+
+        config.GenerateFeedback.preprocessors = [GetGrades, ClearHiddenTests, CSSHTMLHeaderPreprocessor]
+        self.config = config
+        self.coursedir = CourseDirectory(config=config)
+        self.api = NbGraderAPI(self.coursedir, config=config)
+
+    # ---------------------------------------------------------------------------------- paths
+
+    @property
+    def db_url(self) -> str:
+        return self.coursedir.db_url
+
+    def release_dir(self) -> Path:
+        return self.root / "release" / self.assignment
+
+    def notebook_ids(self) -> list[str]:
+        return sorted(p.stem for p in (self.root / "source" / self.assignment).glob("*.ipynb"))
+
+    def submitted_dir(self, student: str) -> Path:
+        return self.root / "submitted" / student / self.assignment
+
+    def executed_dir(self, student: str) -> Path:
+        return self.root / EXECUTED_DIR / student / self.assignment
+
+    def results_dir(self) -> Path:
+        return self.root / "autograder" / self.assignment
+
+    # ------------------------------------------------------------------------------ release
+
+    def ensure_release(self) -> None:
+        """Generate the release (and the gradebook's record of the source cells) if missing or stale."""
+        source = self.root / "source" / self.assignment
+        release = self.release_dir()
+        newest_source = max(p.stat().st_mtime for p in source.rglob("*") if p.is_file())
+        fresh = release.is_dir() and all((release / f"{n}.ipynb").exists() for n in self.notebook_ids()) \
+            and min(p.stat().st_mtime for p in release.rglob("*.ipynb")) >= newest_source
+        if fresh and self._assignment_in_gradebook():
+            return
+        result = self.api.generate_assignment(self.assignment, force=True, create=True)
+        if not result["success"]:
+            last = (result.get("error") or result.get("log") or "").strip().splitlines()[-1:]
+            raise CourseError(f"nbgrader generate_assignment {self.assignment} failed: {' '.join(last)}")
+
+    def _assignment_in_gradebook(self) -> bool:
+        from nbgrader.api import Gradebook, MissingEntry
+
+        try:
+            with Gradebook(self.db_url) as gb:
+                assignment = gb.find_assignment(self.assignment)
+                return {n.name for n in assignment.notebooks} == set(self.notebook_ids())
+        except MissingEntry:
+            return False
+
+    def source_cells(self, notebook_id: str) -> dict[str, SourceCellInfo]:
+        from nbgrader.api import Gradebook
+
+        with Gradebook(self.db_url) as gb:
+            notebook = gb.find_notebook(notebook_id, self.assignment)
+            points = {c.name: float(c.max_score) for c in notebook.grade_cells}
+            return {c.name: SourceCellInfo(c.name, bool(c.locked), c.checksum, c.source, c.cell_type,
+                                           points.get(c.name))
+                    for c in notebook.source_cells}
+
+    # -------------------------------------------------------------------------- submissions
+
+    def students(self) -> list[str]:
+        base = self.root / "submitted"
+        if not base.is_dir():
+            return []
+        return sorted(p.name for p in base.iterdir() if (p / self.assignment).is_dir())
+
+    def import_submissions(self, path: str | os.PathLike) -> list[str]:
+        """Copy a folder or zip of notebooks into ``submitted/<stem>/<assignment>/``; returns the ids."""
+        path = Path(path)
+        notebook_id = self.notebook_ids()[0]
+        if not path.exists():
+            raise CourseError(f"no such submissions folder or zip: {path}")
+        students = []
+        if path.is_file() and zipfile.is_zipfile(path):
+            with zipfile.ZipFile(path) as archive:
+                for info in archive.infolist():
+                    name = Path(info.filename)
+                    if info.is_dir() or name.suffix != ".ipynb" or name.name.startswith("."):
+                        continue
+                    student = _student_id(name.stem)
+                    target = self.submitted_dir(student) / f"{notebook_id}.ipynb"
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    with archive.open(info) as src, open(target, "wb") as dst:
+                        shutil.copyfileobj(src, dst, length=1 << 20)
+                    students.append(student)
+        elif path.is_dir():
+            for notebook in sorted(path.glob("*.ipynb")):
+                student = _student_id(notebook.stem)
+                target = self.submitted_dir(student) / f"{notebook_id}.ipynb"
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(notebook, target)
+                students.append(student)
+        else:
+            raise CourseError(f"{path} is neither a folder of notebooks nor a zip file")
+        if not students:
+            raise CourseError(f"no .ipynb files in {path}")
+        return students
+
+    # ------------------------------------------------------------------------ notebook edits
+
+    def restore_locked_cells(self, notebook, notebook_id: str) -> list[str]:
+        """Overwrite modified locked cells from the gradebook (nbgrader's OverwriteCells).
+
+        Returns the grade_ids whose checksum did not match before the restore.
+        """
+        from nbgrader.preprocessors import OverwriteCells
+        from nbgrader.utils import compute_checksum, is_locked
+
+        cells = self.source_cells(notebook_id)
+        # A locked cell is unmodified when it matches the source (gradebook checksum) or the release
+        # (where hidden tests are removed, so nbgrader's own checksum differs by design).
+        released = {}
+        release_path = self.release_dir() / f"{notebook_id}.ipynb"
+        if release_path.exists():
+            for cell in nbformat.read(release_path, as_version=4).cells:
+                if "grade_id" in cell.metadata.get("nbgrader", {}):
+                    released[cell.metadata.nbgrader["grade_id"]] = compute_checksum(cell)
+        changed = []
+        for cell in notebook.cells:
+            grade_id = cell.metadata.get("nbgrader", {}).get("grade_id")
+            info = cells.get(grade_id)
+            if info is None or not info.locked:
+                continue
+            if (cell.cell_type != info.cell_type or not is_locked(cell)
+                    or _checksum(cell) not in (info.checksum, released.get(grade_id))):
+                changed.append(grade_id)
+        resources = {"nbgrader": {"notebook": notebook_id, "assignment": self.assignment,
+                                  "db_url": self.db_url}}
+        OverwriteCells(config=self.config).preprocess(notebook, resources)
+        return changed
+
+    # -------------------------------------------------------------------- autograde + feedback
+
+    def autograde(self, student: str, executed_notebook, notebook_id: str, timestamp: Path | None) -> None:
+        """Hand the executed notebook to ``nbgrader autograde`` (no execution); raise on failure."""
+        folder = self.executed_dir(student)
+        folder.mkdir(parents=True, exist_ok=True)
+        _write_atomically(folder / f"{notebook_id}.ipynb", nbformat.writes(executed_notebook))
+        if timestamp is not None and timestamp.exists():
+            shutil.copyfile(timestamp, folder / "timestamp.txt")
+        result = self.api.autograde(self.assignment, student, force=True, create=True)
+        if not result["success"]:
+            last = (result.get("error") or result.get("log") or "").strip().splitlines()[-1:]
+            raise CourseError(f"nbgrader autograde failed for {student}: {' '.join(last)}")
+
+    def feedback(self, student: str) -> Path | None:
+        result = self.api.generate_feedback(self.assignment, student, force=True)
+        if not result["success"]:
+            return None
+        found = sorted((self.root / "feedback" / student / self.assignment).glob("*.html"))
+        return found[0] if found else None
+
+    def scores(self, student: str) -> dict[str, tuple[float, float]]:
+        """``{grade_id: (score, max_score)}`` from the gradebook, for every notebook."""
+        from nbgrader.api import Gradebook
+
+        out = {}
+        with Gradebook(self.db_url) as gb:
+            for notebook_id in self.notebook_ids():
+                submitted = gb.find_submission_notebook(notebook_id, self.assignment, student)
+                for grade in submitted.grades:
+                    out[grade.name] = (float(grade.score), float(grade.max_score))
+        return out
+
+    def is_graded(self, student: str) -> bool:
+        from nbgrader.api import Gradebook, MissingEntry
+
+        try:
+            with Gradebook(self.db_url) as gb:
+                gb.find_submission(self.assignment, student)
+            return True
+        except MissingEntry:
+            return False
+
+
+def _checksum(cell) -> str | None:
+    """nbgrader's checksum of a cell, or None when its metadata is too damaged to compute one."""
+    from nbgrader.utils import compute_checksum
+
+    try:
+        return compute_checksum(cell)
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def _student_id(stem: str) -> str:
+    cleaned = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in stem).strip("._")
+    return cleaned or "student"
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def grade_cells(notebook) -> list:
+    from nbgrader.utils import is_grade
+
+    return [c for c in notebook.cells if c.cell_type == "code" and "nbgrader" in c.metadata and is_grade(c)]
+
+
+def mark_unexecuted_tests(notebook, why: str) -> list[str]:
+    """Give every autograded code cell that did not run an error output, so it scores zero."""
+    marked = []
+    for cell in grade_cells(notebook):
+        if cell.metadata["nbgrader"]["grade_id"] == OUTCOME_CELL:
+            continue
+        status = cell.metadata.get("papermill", {}).get("status")
+        if cell.get("execution_count") is None or status not in ("completed", "failed"):
+            cell.outputs = [nbformat.v4.new_output(
+                "error", ename="NotExecuted", evalue=f"this test did not run: {why}", traceback=[
+                    f"NotExecuted: this test did not run: {why}"])]
+            marked.append(cell.metadata["nbgrader"]["grade_id"])
+    return marked
+
+
+def condense_test_tracebacks(notebook) -> None:
+    """Reduce the error outputs of autograded cells to ``Name: message``.
+
+    IPython's traceback lists the failing cell's code around the failing line, which would show
+    hidden tests in the feedback (nbgrader removes them from the cell's source only). The score
+    depends on the output being an error, not on its traceback.
+    """
+    for cell in grade_cells(notebook):
+        for output in cell.get("outputs", []):
+            if output.get("output_type") == "error":
+                output["traceback"] = [f"{output.get('ename')}: {output.get('evalue')}"]
+
+
+def set_outcome(notebook, passed: bool, lines: list[str], reason: str) -> bool:
+    """Replace the outcome cell's outputs with the grader's measurement; False if it is missing."""
+    for cell in grade_cells(notebook):
+        if cell.metadata["nbgrader"]["grade_id"] == OUTCOME_CELL:
+            outputs = [nbformat.v4.new_output("stream", name="stdout", text="\n".join(lines) + "\n")]
+            if not passed:
+                outputs.append(nbformat.v4.new_output("error", ename="OutcomeNotReached", evalue=reason,
+                                                      traceback=[f"OutcomeNotReached: {reason}"]))
+            cell.outputs = outputs
+            cell.execution_count = cell.get("execution_count") or 1
+            return True
+    return False

@@ -1,0 +1,271 @@
+"""The grader's parts without a full run: decision, measurement, validation, locked cells, release,
+bad input on the command line, and skipping on a rerun."""
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import numpy as np
+import pytest
+
+from autograder import course as course_mod
+from autograder import grade, measure, validate
+from autograder.measure import EpochMeasurement
+from mgpu import assessment
+
+ROOT = Path(__file__).resolve().parents[1]
+SOURCE = ROOT / "assignments" / "source" / "assessment" / "assessment.ipynb"
+
+
+# ------------------------------------------------------------------------------------ decide
+
+def _epochs(*accuracies, step=10.0):
+    return [EpochMeasurement(i, step * (i + 1), a) for i, a in enumerate(accuracies)]
+
+
+def test_two_consecutive_epochs_at_target_within_budget_pass():
+    outcome = measure.decide(_epochs(0.5, 0.8, 0.81, 0.7), target=0.8, budget_s=100)
+    assert outcome.passed and outcome.reached_epoch == 2 and outcome.reached_seconds == 30.0
+    assert "2 consecutive epochs at epoch 2" in outcome.reason
+
+
+def test_one_epoch_at_target_is_not_enough():
+    outcome = measure.decide(_epochs(0.85, 0.7, 0.9), target=0.8, budget_s=100)
+    assert not outcome.passed and "not for 2 consecutive epochs" in outcome.reason
+
+
+def test_a_gap_in_the_saved_epochs_breaks_the_streak():
+    epochs = [EpochMeasurement(0, 10, 0.9), EpochMeasurement(2, 30, 0.9)]
+    assert not measure.decide(epochs, target=0.8, budget_s=100).passed
+
+
+def test_reaching_the_target_after_the_budget_fails_with_the_time():
+    outcome = measure.decide(_epochs(0.9, 0.9, step=70), target=0.8, budget_s=100)
+    assert not outcome.passed and "140 s > 100 s budget" in outcome.reason
+
+
+def test_low_accuracy_reason_names_measured_and_target():
+    outcome = measure.decide(_epochs(0.5, 0.61), target=0.75, budget_s=100)
+    assert outcome.reason.startswith("accuracy 0.610 < 0.750 target")
+
+
+def test_no_epochs_and_rejected_epochs_have_reasons():
+    assert "no weights saved" in measure.decide([], 0.8, 100).reason
+    rejected = [EpochMeasurement(0, 5, None, "epoch_000.npz: weight 0 has shape (1,)")]
+    assert "rejected" in measure.decide(rejected, 0.8, 100).reason
+
+
+# ----------------------------------------------------------------------------------- measure
+
+def test_measurer_agrees_with_keras_on_the_same_weights(tmp_path):
+    rng = np.random.default_rng(1)
+    x = rng.integers(0, 255, size=(1500, 28, 28), dtype=np.uint8)
+    model = assessment.reference_model(seed=5)
+    y = np.argmax(model.predict(x, verbose=0), axis=-1)
+    y[: len(y) // 3] = (y[: len(y) // 3] + 1) % 10  # a third made wrong on purpose
+    expected = float(np.mean(np.argmax(model.predict(x, verbose=0), axis=-1) == y))
+    assessment.save_weights_atomically(model.get_weights(), tmp_path / "epoch_000.npz")
+    np.savez(tmp_path / "epoch_001.npz", np.zeros(3))
+    measured = measure.Measurer(x, y, (28, 28), 10).measure(tmp_path, {0: 1.5})
+    assert measured[0].accuracy == pytest.approx(expected) and measured[0].seconds == 1.5
+    assert measured[1].accuracy is None and "arrays" in measured[1].rejected
+
+
+# ---------------------------------------------------------------------------------- validate
+
+REQUIRED = {"setup": None, "run_training": None}
+
+
+def test_malformed_json_is_rejected(tmp_path):
+    path = tmp_path / "a.ipynb"
+    path.write_text('{"cells": [')
+    with pytest.raises(validate.InvalidSubmission, match="not a well-formed notebook"):
+        validate.load_submission(path, REQUIRED)
+
+
+def test_json_that_is_not_a_notebook_is_rejected(tmp_path):
+    path = tmp_path / "a.ipynb"
+    path.write_text('{"cells": [{"cell_type": "code"}], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}')
+    with pytest.raises(validate.InvalidSubmission, match="not a valid notebook"):
+        validate.load_submission(path, REQUIRED)
+
+
+def test_oversized_notebook_is_rejected(tmp_path, monkeypatch):
+    monkeypatch.setattr(validate, "MAX_NOTEBOOK_BYTES", 1000)
+    path = tmp_path / "a.ipynb"
+    shutil.copyfile(SOURCE, path)
+    with pytest.raises(validate.InvalidSubmission, match="limit: clear its outputs"):
+        validate.load_submission(path, REQUIRED)
+
+
+def test_missing_cells_are_named(tmp_path):
+    notebook = nbformat.read(SOURCE, as_version=4)
+    notebook.cells = [c for c in notebook.cells if c.metadata.get("nbgrader", {}).get("grade_id") != "setup"]
+    path = tmp_path / "a.ipynb"
+    nbformat.write(notebook, path)
+    with pytest.raises(validate.InvalidSubmission, match="cells missing from the notebook: setup"):
+        validate.load_submission(path, REQUIRED)
+    assert validate.load_submission(SOURCE, REQUIRED).cells
+
+
+# -------------------------------------------------------------------- course, release, cells
+
+@pytest.fixture(scope="module")
+def course_dir(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("course")
+    shutil.copyfile(ROOT / "assignments" / "nbgrader_config.py", folder / "nbgrader_config.py")
+    shutil.copytree(ROOT / "assignments" / "source", folder / "source")
+    course_mod.Course(folder, "assessment").ensure_release()
+    return folder
+
+
+def test_release_has_no_solution_code_and_no_hidden_tests(course_dir):
+    release = nbformat.read(course_dir / "release" / "assessment" / "assessment.ipynb", as_version=4)
+    text = "\n".join(c.source for c in release.cells)
+    program = next(c.source for c in release.cells
+                   if c.metadata.get("nbgrader", {}).get("grade_id") == "training_program")
+    source_text = SOURCE.read_text()
+    for marker in ("BEGIN SOLUTION", "END SOLUTION", "BEGIN HIDDEN TESTS", "weights_in_sync"):
+        assert marker in source_text and marker not in text, marker
+    for solution_code in ("import horovod", "hvd.init()", "hvd.DistributedOptimizer(optimizer)",
+                          "x[rank::size]", "BroadcastGlobalVariablesCallback"):
+        assert solution_code in source_text and solution_code not in program, solution_code
+    # the release still holds the working single-process program and every graded cell
+    assert "model.fit(" in text and "def train():" in text
+    ids = {c.metadata.get("nbgrader", {}).get("grade_id") for c in release.cells}
+    assert {"parameters", "setup", "training_program", "run_training", "outcome"} <= ids
+
+
+def test_untouched_cells_are_not_reported_and_modified_locked_cells_are_restored(course_dir):
+    course = course_mod.Course(course_dir, "assessment")
+    for name in ("source", "release"):
+        notebook = nbformat.read(course_dir / name / "assessment" / "assessment.ipynb", as_version=4)
+        assert course.restore_locked_cells(notebook, "assessment") == [], name
+    notebook = nbformat.read(course_dir / "release" / "assessment" / "assessment.ipynb", as_version=4)
+    cells = {c.metadata.get("nbgrader", {}).get("grade_id"): c for c in notebook.cells}
+    original_setup = cells["setup"].source
+    cells["setup"].source = "def protected_callbacks():\n    return []"
+    cells["outcome"].source = 'print("PASSED")'
+    cells["training_program"].source += "\n# my own change"  # editable: never restored
+    assert sorted(course.restore_locked_cells(notebook, "assessment")) == ["outcome", "setup"]
+    assert cells["setup"].source == original_setup
+    assert "list_saved_epochs" in cells["outcome"].source
+    assert cells["training_program"].source.endswith("# my own change")
+
+
+def test_unexecuted_test_cells_get_an_error_and_nbgrader_scores_them_zero(course_dir):
+    from nbgrader.utils import determine_grade
+
+    notebook = nbformat.read(course_dir / "release" / "assessment" / "assessment.ipynb", as_version=4)
+    tests = [c for c in course_mod.grade_cells(notebook) if c.metadata.nbgrader.grade_id != "outcome"]
+    assert tests and all(determine_grade(c)[0] == determine_grade(c)[1] for c in tests)  # the trap
+    marked = course_mod.mark_unexecuted_tests(notebook, "cell run_training failed")
+    assert sorted(marked) == sorted(c.metadata.nbgrader.grade_id for c in tests)
+    assert all(determine_grade(c)[0] == 0 for c in tests)
+
+
+def test_outcome_cell_carries_the_measurement_and_its_score(course_dir):
+    from nbgrader.utils import determine_grade
+
+    notebook = nbformat.read(course_dir / "release" / "assessment" / "assessment.ipynb", as_version=4)
+    assert course_mod.set_outcome(notebook, False, ["epoch 0: 0.5"], "accuracy 0.500 < 0.850 target")
+    outcome = next(c for c in course_mod.grade_cells(notebook) if c.metadata.nbgrader.grade_id == "outcome")
+    assert determine_grade(outcome)[0] == 0
+    course_mod.set_outcome(notebook, True, ["epoch 0: 0.9"], "")
+    assert determine_grade(outcome)[0] == determine_grade(outcome)[1] > 0
+
+
+# ------------------------------------------------------------------------------ command line
+
+def _cli(*args, cwd=ROOT):
+    return subprocess.run([sys.executable, "-m", "autograder", *args], cwd=cwd, capture_output=True,
+                          text=True, timeout=300)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["grade", "/no/such/course"], "no course folder /no/such/course: pass the folder"),
+    (["grade", "{course}", "--assignment", "nope"], "unknown assignment 'nope'"),
+    (["grade", "{course}", "--profile", "tpu"], "unknown profile 'tpu'"),
+    (["grade", "{course}", "--workers", "97"], "no measured target for 97 workers"),
+])
+def test_bad_input_gives_one_line_naming_the_fix(course_dir, args, message):
+    result = _cli(*[a.format(course=course_dir) for a in args])
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], result.stderr
+
+
+def test_a_zip_or_folder_of_notebooks_is_imported_as_submissions(course_dir, tmp_path):
+    import zipfile
+
+    with zipfile.ZipFile(tmp_path / "batch.zip", "w") as archive:
+        archive.write(SOURCE, "hand-in/Ada Lovelace.ipynb")
+        archive.writestr("hand-in/notes.txt", "not a notebook")
+    course = course_mod.Course(course_dir, "assessment")
+    assert course.import_submissions(tmp_path / "batch.zip") == ["Ada_Lovelace"]
+    target = course_dir / "submitted" / "Ada_Lovelace" / "assessment" / "assessment.ipynb"
+    assert target.read_bytes() == SOURCE.read_bytes()
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    shutil.copyfile(SOURCE, folder / "grace.ipynb")
+    assert course.import_submissions(folder) == ["grace"]
+    with pytest.raises(course_mod.CourseError, match="no .ipynb files"):
+        (tmp_path / "empty").mkdir()
+        course.import_submissions(tmp_path / "empty")
+    shutil.rmtree(course_dir / "submitted")
+
+
+# --------------------------------------------------------------------------------- rerun skip
+
+@pytest.mark.slow
+def test_rerun_skips_graded_submissions_unless_forced_or_changed(course_dir):
+    # Rejected submissions are graded in seconds (never run), two at a time here.
+    for name, text in (("broken", "{ not json"), ("empty", '{"cells": []}')):
+        folder = course_dir / "submitted" / name / "assessment"
+        folder.mkdir(parents=True)
+        (folder / "assessment.ipynb").write_text(text)
+    student = course_dir / "submitted" / "broken" / "assessment"
+    profile = next(iter(assessment.PROFILES.values()))
+    logs = []
+    first = grade.grade_course(course_dir, "assessment", profile, jobs=2, progress=False, log=logs.append)
+    assert [v.student for v in first] == ["broken", "empty"] and not any(v.passed for v in first)
+    assert "rejected: not a well-formed notebook" in first[0].reason
+    assert "rejected: not a valid notebook" in first[1].reason or "cells missing" in first[1].reason
+    course = course_mod.Course(course_dir, "assessment")
+    assert all(score == 0 for name in ("broken", "empty") for score, _ in course.scores(name).values())
+    assert grade.grade_course(course_dir, "assessment", profile, progress=False, log=logs.append) == []
+    assert any("skipping 2 submission(s) already graded" in line for line in logs)
+    assert len(grade.grade_course(course_dir, "assessment", profile, force=True, progress=False,
+                                  log=logs.append)) == 2
+    (student / "assessment.ipynb").write_text("{ still not json")
+    again = grade.grade_course(course_dir, "assessment", profile, progress=False, log=logs.append)
+    assert [v.student for v in again] == ["broken"]
+    record = json.loads((course_dir / "autograder" / "assessment" / "broken.json").read_text())
+    assert record["submission_sha256"] == course_mod.file_sha256(student / "assessment.ipynb")
+    csv_lines = (course_dir / "autograder" / "assessment" / "grades.csv").read_text().splitlines()
+    assert len(csv_lines) == 3 and csv_lines[1].startswith("broken,False")
+
+
+@pytest.mark.slow
+def test_a_kernel_that_dies_is_graded_with_zeros_and_the_reason(tmp_path):
+    shutil.copyfile(ROOT / "assignments" / "nbgrader_config.py", tmp_path / "nbgrader_config.py")
+    shutil.copytree(ROOT / "assignments" / "source", tmp_path / "source")
+    course = course_mod.Course(tmp_path, "assessment")
+    course.ensure_release()
+    notebook = nbformat.read(tmp_path / "release" / "assessment" / "assessment.ipynb", as_version=4)
+    program = next(c for c in notebook.cells if c.metadata.get("nbgrader", {}).get("grade_id") == "training_program")
+    program.source = "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)  # as the OOM killer would"
+    folder = tmp_path / "submitted" / "oom" / "assessment"
+    folder.mkdir(parents=True)
+    nbformat.write(notebook, folder / "assessment.ipynb")
+    [verdict] = grade.grade_course(tmp_path, "assessment", assessment.profile("cpu", 2), progress=False,
+                                   log=lambda line: None)
+    assert not verdict.passed and verdict.run_status == "kernel_died"
+    assert verdict.reason.startswith("kernel died (out of memory?)")
+    # nbgrader recorded the submission (it drops it when its own kernel dies), every cell at zero
+    scores = course.scores("oom")
+    assert scores and all(score == 0 for score, _ in scores.values())
+    assert Path(verdict.feedback).exists()

@@ -1,0 +1,127 @@
+"""End to end: one command grades a cohort of five (reference, unconverted, crashing, infinite loop,
+fake accuracy) on real Horovod workers, with the expected verdicts and reasons."""
+
+import csv
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+import pytest
+
+from autograder import cohort, sandbox
+from autograder import course as course_mod
+from mgpu import assessment
+
+pytestmark = pytest.mark.slow
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _marked_processes():
+    found = []
+    for proc in psutil.process_iter(["pid"]):
+        try:
+            if sandbox.GRADE_MARKER in proc.environ():
+                found.append(proc.pid)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, OSError):
+            continue
+    return found
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory):
+    course_dir = tmp_path_factory.mktemp("cohort")
+    shutil.copyfile(ROOT / "assignments" / "nbgrader_config.py", course_dir / "nbgrader_config.py")
+    shutil.copytree(ROOT / "assignments" / "source", course_dir / "source")
+    course_mod.Course(course_dir, "assessment").ensure_release()
+    students = cohort.write_demo_cohort(course_dir)
+    hashes = {s: course_mod.file_sha256(course_dir / "submitted" / s / "assessment" / "assessment.ipynb")
+              for s in students}
+    profile = assessment.profile("cpu", 2)
+    result = subprocess.run([sys.executable, "-m", "autograder", "grade", str(course_dir),
+                             "--assignment", "assessment", "--profile", "cpu", "--workers", "2"],
+                            cwd=ROOT, capture_output=True, text=True, timeout=20 * 60)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return course_dir, students, hashes, profile, result
+
+
+def _records(course_dir):
+    with open(course_dir / "autograder" / "assessment" / "grades.csv") as f:
+        return {row["student"]: row for row in csv.DictReader(f)}
+
+
+def test_every_verdict_and_reason_is_the_expected_one(graded):
+    course_dir, students, _, _, result = graded
+    rows = _records(course_dir)
+    assert sorted(rows) == sorted(cohort.EXPECTED)
+    for student, (passes, words) in cohort.EXPECTED.items():
+        row = rows[student]
+        assert (row["passed"] == "True") is passes, (student, row["reason"])
+        for word in words:
+            assert word in row["reason"], (student, word, row["reason"])
+        assert student in result.stdout and ("PASS" if passes else "FAIL") in result.stdout
+    assert rows["reference"]["reason"] == ""
+
+
+def test_gradebook_scores_follow_the_measurement_and_unexecuted_tests_score_zero(graded):
+    course_dir, _, _, _, _ = graded
+    course = course_mod.Course(course_dir, "assessment")
+    for student, (passes, _) in cohort.EXPECTED.items():
+        scores = course.scores(student)
+        score, maximum = scores["outcome"]
+        record = json.loads((course_dir / "autograder" / "assessment" / f"{student}.json").read_text())
+        # the outcome cell's score is the grader's measurement, whatever the tests say
+        assert (score == maximum) is record["outcome_passed"], (student, scores, record["reason"])
+        if passes:
+            assert record["outcome_passed"]
+        if record["outcome_passed"]:
+            assert record["reached_seconds"] <= record["time_budget_s"]
+        elif student in ("crashing", "infinite_loop", "fake_accuracy"):
+            assert score == 0
+        if student in ("crashing", "infinite_loop"):  # papermill never reached the tests
+            assert all(s == 0 for s, _ in scores.values()), (student, scores)
+    reference = course.scores("reference")
+    assert all(s == m > 0 for s, m in reference.values())
+
+
+def test_the_reference_passes_on_the_graders_own_measurements(graded):
+    course_dir, _, _, profile, _ = graded
+    record = json.loads((course_dir / "autograder" / "assessment" / "reference.json").read_text())
+    accuracies = [e["accuracy"] for e in record["epochs"]]
+    seen = [e["seconds"] for e in record["epochs"]]
+    assert seen == sorted(seen) and 0 < seen[0] and seen[-1] <= record["notebook_seconds"] + 1
+    reached = record["reached_seconds"]
+    assert reached is not None and reached <= profile.time_budget_s
+    streak_end = [e for e in record["epochs"] if e["seconds"] == reached][0]["epoch"]
+    assert all(a >= profile.target_accuracy for a in accuracies[streak_end - 1:streak_end + 1])
+    assert record["total_seconds"] >= record["notebook_seconds"] > 0
+
+
+def test_feedback_and_report_are_written_without_hidden_tests(graded):
+    course_dir, students, _, _, _ = graded
+    for student in students:
+        feedback = course_dir / "feedback" / student / "assessment" / "assessment.html"
+        text = feedback.read_text()
+        assert "BEGIN HIDDEN TESTS" not in text and "weights_in_sync" not in text
+    html = (course_dir / "autograder" / "assessment" / "report.html").read_text()
+    assert all(student in html for student in students)
+    assert "data:image/png;base64," in html and "1 of 5 passed" in html
+
+
+def test_submissions_untouched_and_no_process_left(graded):
+    course_dir, students, hashes, _, _ = graded
+    for student in students:
+        path = course_dir / "submitted" / student / "assessment" / "assessment.ipynb"
+        assert course_mod.file_sha256(path) == hashes[student]
+    assert _marked_processes() == []
+
+
+def test_a_rerun_skips_what_is_graded(graded):
+    course_dir, students, _, _, _ = graded
+    result = subprocess.run([sys.executable, "-m", "autograder", "grade", str(course_dir), "--profile", "cpu",
+                             "--workers", "2", "--no-progress"], cwd=ROOT, capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert f"skipping {len(students)} submission(s) already graded" in result.stdout

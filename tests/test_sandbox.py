@@ -1,0 +1,106 @@
+"""The sandbox a submission runs in: network off and folders hidden where the OS allows it, the
+grader's time-out and memory limit, a dead kernel, and no process left behind (real kernels)."""
+
+import textwrap
+
+import nbformat
+import psutil
+import pytest
+
+from autograder import sandbox
+
+pytestmark = pytest.mark.slow
+
+
+def _notebook(folder, *cells):
+    work = folder / "runs" / "work"  # runs/ is the grader's folder of work folders
+    (work / "output").mkdir(parents=True)
+    notebook = nbformat.v4.new_notebook(metadata={"kernelspec": {"name": "python3", "language": "python",
+                                                                 "display_name": "Python 3"}})
+    parameters = nbformat.v4.new_code_cell('secret_dir = ""')
+    parameters.metadata["tags"] = ["parameters"]
+    notebook.cells = [parameters, *[nbformat.v4.new_code_cell(textwrap.dedent(c)) for c in cells]]
+    path = work / "submission.ipynb"
+    nbformat.write(notebook, path)
+    return path
+
+
+# A process the notebook leaves running in a session of its own, with its pid written down.
+ORPHAN = """
+import subprocess
+child = subprocess.Popen(["sleep", "600"], start_new_session=True)
+open("output/orphan.pid", "w").write(str(child.pid))
+"""
+
+
+def _run(path, **kwargs):
+    secret = path.parents[2] / "secret"
+    options = dict(parameters={"secret_dir": str(secret)}, output_dir=path.parent / "output",
+                   timeout_s=120, memory_limit_mb=4000, hide=[secret], work_parent=path.parents[1])
+    options.update(kwargs)
+    return sandbox.run_notebook(path, **options)
+
+
+def _orphan_gone(path):
+    pid = int((path.parent / "output" / "orphan.pid").read_text())
+    return not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
+def _outputs(notebook_json):
+    notebook = nbformat.reads(notebook_json, as_version=4)
+    return "".join(o.get("text", "") for c in notebook.cells if c.cell_type == "code" for o in c.outputs)
+
+
+def test_network_is_off_folders_are_hidden_files_are_timed_and_nothing_survives(tmp_path):
+    available, why = sandbox.isolation_available()
+    if not available:
+        pytest.skip(why)
+    (tmp_path / "secret").mkdir()
+    (tmp_path / "secret" / "labels.npy").write_text("the test labels")
+    (tmp_path / "runs" / "other-student").mkdir(parents=True)
+    (tmp_path / "runs" / "other-student" / "notebook.ipynb").write_text("{}")
+    path = _notebook(tmp_path, """
+        import os, socket, time
+        try:
+            socket.create_connection(("1.1.1.1", 53), timeout=3)
+            print("network: on")
+        except OSError:
+            print("network: off")
+        print("secret files visible:", os.listdir(secret_dir))
+        print("other runs visible:", sorted(os.listdir("..")))
+        time.sleep(1)
+        open("output/epoch_000.npz", "wb").write(b"x")
+        time.sleep(2)
+        """, ORPHAN)
+    result = _run(path)
+    assert result.status == "ok" and result.reason == "" and result.isolation == ""
+    text = _outputs(result.notebook)
+    assert "network: off" in text and "secret files visible: []" in text
+    assert "other runs visible: ['work']" in text
+    # the hidden folder is still there for the grader
+    assert (tmp_path / "secret" / "labels.npy").exists()
+    assert 0 < result.epoch_seen_s[0] < result.seconds
+    assert _orphan_gone(path)
+
+
+def test_time_out_kills_the_whole_tree(tmp_path):
+    path = _notebook(tmp_path, ORPHAN, "import time\ntime.sleep(600)")
+    result = _run(path, timeout_s=15)
+    assert result.status == "timeout" and result.reason == "timed out after 15 s"
+    assert 15 <= result.seconds < 60
+    assert _orphan_gone(path)
+
+
+def test_memory_limit_kills_the_run_with_the_reason(tmp_path):
+    path = _notebook(tmp_path, ORPHAN, "import numpy as np\nx = np.ones(200 * 2**20)  # 1.6 GB\nimport time\ntime.sleep(60)")
+    result = _run(path, memory_limit_mb=600)
+    assert result.status == "memory" and "memory limit exceeded" in result.reason and "600 MB" in result.reason
+    assert result.peak_memory_mb > 600
+    assert _orphan_gone(path)
+
+
+def test_a_dead_kernel_is_reported(tmp_path):
+    path = _notebook(tmp_path, ORPHAN, "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)", "print('after')")
+    result = _run(path)
+    assert result.status == "kernel_died" and result.reason.startswith("kernel died (out of memory?)")
+    assert _orphan_gone(path)
