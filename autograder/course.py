@@ -51,6 +51,22 @@ def file_sha256(path: Path) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
+def copy_course(destination: str | os.PathLike, assignment: str = "assessment") -> "Course":
+    """A new course folder with this checkout's ``nbgrader_config.py`` and ``source/``, release built.
+
+    For the tests and the benchmark, which grade demo cohorts away from ``assignments/``.
+    """
+    from mgpu import paths
+
+    destination = Path(destination)
+    destination.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(paths.ROOT / "assignments" / "nbgrader_config.py", destination / "nbgrader_config.py")
+    shutil.copytree(paths.ROOT / "assignments" / "source", destination / "source")
+    course = Course(destination, assignment)
+    course.ensure_release()
+    return course
+
+
 @dataclass
 class SourceCellInfo:
     grade_id: str

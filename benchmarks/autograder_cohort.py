@@ -48,10 +48,7 @@ def main(argv: list[str] | None = None) -> int:
 
     course_dir = paths.build_dir() / "autograder_benchmark" / "course"
     shutil.rmtree(course_dir, ignore_errors=True)
-    course_dir.mkdir(parents=True)
-    shutil.copyfile(ROOT / "assignments" / "nbgrader_config.py", course_dir / "nbgrader_config.py")
-    shutil.copytree(ROOT / "assignments" / "source", course_dir / "source")
-    course_mod.Course(course_dir, "assessment").ensure_release()
+    course_mod.copy_course(course_dir)
     students = cohort.write_demo_cohort(course_dir)
     for student in set(students) - set(args.only or students):
         shutil.rmtree(course_dir / "submitted" / student)

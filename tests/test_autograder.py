@@ -116,9 +116,7 @@ def test_missing_cells_are_named(tmp_path):
 @pytest.fixture(scope="module")
 def course_dir(tmp_path_factory):
     folder = tmp_path_factory.mktemp("course")
-    shutil.copyfile(ROOT / "assignments" / "nbgrader_config.py", folder / "nbgrader_config.py")
-    shutil.copytree(ROOT / "assignments" / "source", folder / "source")
-    course_mod.Course(folder, "assessment").ensure_release()
+    course_mod.copy_course(folder)
     return folder
 
 
@@ -251,10 +249,7 @@ def test_rerun_skips_graded_submissions_unless_forced_or_changed(course_dir):
 
 @pytest.mark.slow
 def test_a_kernel_that_dies_is_graded_with_zeros_and_the_reason(tmp_path):
-    shutil.copyfile(ROOT / "assignments" / "nbgrader_config.py", tmp_path / "nbgrader_config.py")
-    shutil.copytree(ROOT / "assignments" / "source", tmp_path / "source")
-    course = course_mod.Course(tmp_path, "assessment")
-    course.ensure_release()
+    course = course_mod.copy_course(tmp_path)
     notebook = nbformat.read(tmp_path / "release" / "assessment" / "assessment.ipynb", as_version=4)
     program = next(c for c in notebook.cells if c.metadata.get("nbgrader", {}).get("grade_id") == "training_program")
     program.source = "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)  # as the OOM killer would"

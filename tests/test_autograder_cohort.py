@@ -3,7 +3,6 @@ fake accuracy) on real Horovod workers, with the expected verdicts and reasons."
 
 import csv
 import json
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -33,9 +32,7 @@ def _marked_processes():
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory):
     course_dir = tmp_path_factory.mktemp("cohort")
-    shutil.copyfile(ROOT / "assignments" / "nbgrader_config.py", course_dir / "nbgrader_config.py")
-    shutil.copytree(ROOT / "assignments" / "source", course_dir / "source")
-    course_mod.Course(course_dir, "assessment").ensure_release()
+    course_mod.copy_course(course_dir)
     students = cohort.write_demo_cohort(course_dir)
     hashes = {s: course_mod.file_sha256(course_dir / "submitted" / s / "assessment" / "assessment.ipynb")
               for s in students}
