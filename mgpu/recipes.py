@@ -25,7 +25,7 @@ from __future__ import annotations
 import csv
 import math
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -100,11 +100,6 @@ class RecipeRun:
     @property
     def final_val_accuracy(self) -> float:
         return self.val_accuracy[-1] if self.val_accuracy else math.nan
-
-    def as_dict(self) -> dict:
-        out = asdict(self)
-        out["recipe"] = asdict(self.recipe)
-        return out
 
 
 def _optimizer(recipe: Recipe, lr: float):
