@@ -56,6 +56,9 @@ class Profile:
     time_budget_s: float   # grader's clock, from starting the notebook to the epoch completing the run
     timeout_s: float       # the grader kills the notebook (and every process it started) after this
     memory_limit_mb: int   # resident memory of the notebook's whole process tree
+    #: An official profile certifies: a pass on it, on a real dataset, earns a signed certificate.
+    #: Practice profiles (and any run on generated data) produce a report only.
+    official: bool = False
 
     @property
     def key(self) -> tuple[str, str, int]:
@@ -83,7 +86,9 @@ PROFILES: dict[tuple[str, str, int], Profile] = {
         # processes on 2 cores suffer more from a busy machine.
         Profile("cpu", "synthetic", 4, train_images=6000, val_images=1000, test_images=2000,
                 target_accuracy=0.80, time_budget_s=120, timeout_s=150, memory_limit_mb=8000),
-        # No `gpu` row yet: it needs a measured reference run on 4 GPUs with Fashion-MNIST.
+        # The cpu rows are practice rows (generated data, no certificate). No official row yet: the
+        # `gpu` row needs a measured reference run on 4 GPUs with Fashion-MNIST, which this
+        # project's machines (no GPU, no dataset download) cannot make.
     ]
 }
 
