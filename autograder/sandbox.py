@@ -2,20 +2,29 @@
 
 :func:`run_notebook` starts :mod:`autograder.execute` (papermill) in a new session, with:
 
-- **network off and private folders** where the OS allows it: ``unshare --net --mount`` gives the
-  run a network namespace with only loopback (Horovod's Gloo and the kernel's ZeroMQ need it) and
-  a mount namespace in which the course folder (gradebook, source, other submissions), the data
-  cache and every other submission's work folder are covered by empty read-only tmpfs mounts.
-  :func:`isolation_available` probes this once; without it the run goes ahead with a logged note;
+- **network off and private folders** where the OS allows it: ``unshare --net --mount --pid``
+  gives the run a network namespace with only loopback (Horovod's Gloo and the kernel's ZeroMQ
+  need it), a mount namespace in which the course folder (gradebook, source, signing key, other
+  submissions), the data cache and every other submission's work folder are covered by empty
+  read-only tmpfs mounts, and a PID namespace of its own (with its own ``/proc``): when its first
+  process ends, the kernel ends every process in it. :func:`isolation_available` probes this
+  once; without it the run goes ahead with a logged note;
+- **cgroups** where the OS allows it (cgroup v1 ``pids`` and ``memory``): a cap on the number of
+  tasks (a fork bomb stops there) and a hard memory cap (a memory bomb faster than the watchdog
+  is stopped by the kernel); :func:`cleanup_stale_runs` kills what a grader that was itself
+  killed left in them;
 - **a wall-clock time-out** on the grader's clock and **a memory limit** on the resident memory of
   the whole process tree (a psutil watchdog: TensorFlow reserves far more virtual memory than it
   uses, so an address-space rlimit would kill healthy runs);
 - **no survivors**: the session is killed, then every process carrying the run's marker variable
   (:data:`GRADE_MARKER`, inherited by the kernel, horovodrun and the workers whatever session
-  they start), then any child left.
+  they start), then every task in the run's cgroups, then any child left. If the grader itself
+  dies, ``setpriv --pdeathsig`` and ``unshare --kill-child`` take the run's PID namespace with it.
 
 While the notebook runs, the watchdog also records when each ``epoch_XXX.npz`` first appears in
-the output folder, in seconds since the run started: the time axis of the grader's measurements.
+the output folder, in seconds since the run started (the time axis of the grader's
+measurements), and which processes were Horovod workers (``HOROVOD_RANK`` and ``HOROVOD_SIZE`` in
+their environment, as horovodrun starts them), with their pid inside the run's PID namespace.
 """
 
 from __future__ import annotations
@@ -42,6 +51,14 @@ from mgpu.launch import kill_processes
 GRADE_MARKER = "MGPU_GRADE_ID"
 REPO_ROOT = Path(__file__).resolve().parents[1]
 POLL_SECONDS = 0.25
+#: Most tasks (processes + threads) one run may have. A 4-worker run of the reference peaked at
+#: a few hundred on 2 cores (RunResult.tasks_peak); TensorFlow's thread pools grow with the cores.
+PIDS_MAX = max(2048, 64 * (os.cpu_count() or 1))
+#: The kernel's hard memory cap is the watchdog's limit times this (the watchdog, which sums
+#: resident memory per process, normally fires first and gives the clearer reason).
+CGROUP_MEMORY_FACTOR = 1.25
+CGROUP_V1 = Path("/sys/fs/cgroup")
+CGROUP_PREFIX = "mgpu-grade-"
 
 # Runs inside the new namespaces: loopback up, hide folders, keep this run's work folder visible.
 # $1: this run's work folder, $2: the folder holding every run's work folder, then "--", then
@@ -63,32 +80,165 @@ exec "$@"
 '''
 
 
+UNSHARE = ["unshare", "--net", "--mount", "--pid", "--fork", "--kill-child", "--mount-proc",
+           "--propagation", "private"]
+
+
 @lru_cache(maxsize=1)
 def isolation_available() -> tuple[bool, str]:
-    """(True, '') when ``unshare --net --mount`` works here, else (False, why)."""
+    """(True, '') when ``unshare --net --mount --pid`` works here, else (False, why)."""
     if shutil.which("unshare") is None or shutil.which("ip") is None:
         return False, "unshare or ip not installed: the notebook runs with the network on and folders visible"
     probe = subprocess.run(
-        ["unshare", "--net", "--mount", "--propagation", "private", "sh", "-c",
-         "ip link set lo up && mount -t tmpfs tmpfs /mnt && echo ok"],
+        [*UNSHARE, "sh", "-c", "ip link set lo up && mount -t tmpfs tmpfs /mnt && echo ok $$"],
         capture_output=True, text=True, timeout=30)
-    if probe.returncode != 0 or "ok" not in probe.stdout:
+    if probe.returncode != 0 or "ok 1" not in probe.stdout:
         why = (probe.stderr.strip().splitlines() or ["no reason given"])[-1]
-        return False, f"unshare --net --mount refused ({why}): the notebook runs with the network on"
+        return False, f"unshare --net --mount --pid refused ({why}): the notebook runs with the network on"
     return True, ""
+
+
+# ------------------------------------------------------------------------------------- cgroups
+
+
+def _own_cgroup_dir(controller: str) -> Path | None:
+    """This process's cgroup v1 folder for ``controller``, if it is mounted and writable."""
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if controller in controllers.split(","):
+            folder = CGROUP_V1 / controller / path.lstrip("/")
+            return folder if folder.is_dir() and os.access(folder, os.W_OK) else None
+    return None
+
+
+def _tasks(folder: Path) -> list[int]:
+    try:
+        return [int(x) for x in (folder / "cgroup.procs").read_text().split()]
+    except (OSError, ValueError):
+        return []
+
+
+def _empty_and_remove(folder: Path) -> int:
+    """SIGKILL every task in a cgroup until none is left, then remove it; returns the kills."""
+    killed = 0
+    for _ in range(100):
+        pids = _tasks(folder)
+        if not pids:
+            break
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+                killed += 1
+            except (ProcessLookupError, PermissionError):
+                pass
+        time.sleep(0.05)
+    for _ in range(50):
+        try:
+            folder.rmdir()
+            break
+        except FileNotFoundError:
+            break
+        except OSError:  # the last tasks are still exiting
+            time.sleep(0.1)
+    return killed
+
+
+class RunCgroups:
+    """The run's own ``pids`` and ``memory`` cgroups (v1), or nothing when the OS does not allow it."""
+
+    def __init__(self, name: str, memory_limit_mb: float, pids_max: int = PIDS_MAX):
+        self.folders: dict[str, Path] = {}
+        self.note = ""
+        for controller in ("pids", "memory"):
+            parent = _own_cgroup_dir(controller)
+            if parent is None:
+                self.note = f"no writable cgroup v1 {controller} controller: no kernel cap on tasks/memory"
+                continue
+            folder = parent / f"{CGROUP_PREFIX}{name}"
+            try:
+                folder.mkdir()
+                if controller == "pids":
+                    (folder / "pids.max").write_text(str(pids_max))
+                else:
+                    limit = str(int(memory_limit_mb * CGROUP_MEMORY_FACTOR * 2**20))
+                    (folder / "memory.limit_in_bytes").write_text(limit)
+                    if (folder / "memory.memsw.limit_in_bytes").exists():
+                        try:
+                            (folder / "memory.memsw.limit_in_bytes").write_text(limit)
+                        except OSError:
+                            pass
+            except OSError as error:
+                self.note = f"cgroup {controller} not usable ({error.strerror}): no kernel cap"
+                if folder.is_dir():
+                    _empty_and_remove(folder)
+                continue
+            self.folders[controller] = folder
+
+    def join_files(self) -> list[str]:
+        return [str(f / "cgroup.procs") for f in self.folders.values()]
+
+    def _read(self, controller: str, name: str) -> str:
+        try:
+            return (self.folders[controller] / name).read_text()
+        except (KeyError, OSError):
+            return ""
+
+    def tasks_peak(self) -> int:
+        text = self._read("pids", "pids.peak").strip()
+        return int(text) if text.isdigit() else 0
+
+    def hit_pids_limit(self) -> bool:
+        for line in self._read("pids", "pids.events").splitlines():
+            key, _, value = line.partition(" ")
+            if key == "max" and value.strip().isdigit() and int(value) > 0:
+                return True
+        return False
+
+    def oom_killed(self) -> bool:
+        for line in self._read("memory", "memory.oom_control").splitlines():
+            key, _, value = line.partition(" ")
+            if key == "oom_kill" and value.strip().isdigit():
+                return int(value) > 0
+        return False
+
+    def remove(self) -> int:
+        return sum(_empty_and_remove(folder) for folder in self.folders.values())
+
+
+def cleanup_stale_runs() -> int:
+    """Kill the tasks of runs a killed grader left behind in its cgroups; returns how many."""
+    killed = 0
+    for controller in ("pids", "memory"):
+        parent = _own_cgroup_dir(controller)
+        if parent is None:
+            continue
+        for folder in parent.glob(f"{CGROUP_PREFIX}*"):
+            killed += _empty_and_remove(folder)
+    return killed
+
+
+# Joins the cgroups whose cgroup.procs files come before "--", then runs the command after it.
+_JOIN = 'while [ "$1" != "--" ]; do echo $$ > "$1"; shift; done; shift; exec "$@"'
 
 
 @dataclass
 class RunResult:
     """What happened to one notebook run, on the grader's clock."""
 
-    status: str                 # ok, cell_error, kernel_died, error, timeout, memory
+    status: str                 # ok, cell_error, kernel_died, error, timeout, memory, tasks
     reason: str                 # one line a student can act on ('' when ok)
     seconds: float              # from starting the child to its end (or kill)
     notebook: str | None        # the executed notebook (JSON) as papermill left it, via the pipe
     epoch_seen_s: dict[int, float] = field(default_factory=dict)  # epoch -> first seen (s)
     peak_memory_mb: float = 0.0
     isolation: str = ""         # '' when isolated, else the note saying why not
+    #: Horovod workers the grader saw: pid in the run's namespace -> {"rank", "size", "host_pid"}
+    horovod_workers: dict[int, dict] = field(default_factory=dict)
+    tasks_peak: int = 0         # most tasks at once in the run's pids cgroup (0: no cgroup)
 
 
 def _tree(root: psutil.Process) -> list[psutil.Process]:
@@ -108,6 +258,29 @@ def _rss_mb(procs: list[psutil.Process]) -> float:
     return total / 2**20
 
 
+def _namespace_pid(pid: int) -> int:
+    """The pid of host process ``pid`` inside its innermost PID namespace."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("NSpid:"):
+                return int(line.split()[-1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return pid
+
+
+def _horovod_worker(proc: psutil.Process) -> dict | None:
+    """``{"rank", "size", "host_pid"}`` when horovodrun started ``proc`` as a worker, else None."""
+    try:
+        env = proc.environ()
+        if "HOROVOD_RANK" not in env:
+            return None
+        return {"rank": int(env["HOROVOD_RANK"]), "size": int(env.get("HOROVOD_SIZE", "0")),
+                "host_pid": proc.pid}
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, OSError, ValueError):
+        return None
+
+
 def _marked(marker: str) -> list[psutil.Process]:
     found = []
     for proc in psutil.process_iter(["pid"]):
@@ -119,8 +292,9 @@ def _marked(marker: str) -> list[psutil.Process]:
     return found
 
 
-def kill_run(popen: subprocess.Popen, marker: str) -> None:
-    """Kill the run's session, every process with its marker, and whatever descendants remain."""
+def kill_run(popen: subprocess.Popen, marker: str, cgroups: RunCgroups | None = None) -> None:
+    """Kill the run's session, every process with its marker, its cgroups' tasks, and whatever
+    descendants remain."""
     leftovers = _tree(psutil.Process(popen.pid)) if popen.poll() is None else []
     try:
         os.killpg(popen.pid, signal.SIGKILL)
@@ -132,6 +306,8 @@ def kill_run(popen: subprocess.Popen, marker: str) -> None:
         if not procs:
             break
         kill_processes(procs, grace=1.0)
+    if cgroups is not None:
+        cgroups.remove()
     try:
         popen.wait(timeout=10)
     except subprocess.TimeoutExpired:
@@ -168,11 +344,17 @@ def run_notebook(notebook: Path, parameters: dict, *, output_dir: Path, timeout_
         ok, note = isolation_available()
         if ok:
             hidden = [str(Path(h).resolve()) for h in hide if Path(h).exists()]
-            command = ["unshare", "--net", "--mount", "--propagation", "private", "sh", "-c", _ISOLATE,
+            command = [*UNSHARE, "sh", "-c", _ISOLATE,
                        "isolate", str(work), str((work_parent or work.parent).resolve()), "--",
                        *hidden, "--", *command]
     else:
         note = "isolation switched off by the caller"
+    cgroups = RunCgroups(marker, memory_limit_mb)
+    if cgroups.note:
+        note = "; ".join(n for n in (note, cgroups.note) if n)
+    command = ["sh", "-c", _JOIN, "join", *cgroups.join_files(), "--", *command]
+    if shutil.which("setpriv"):  # the run dies with the grader
+        command = ["setpriv", "--pdeathsig", "KILL", *command]
 
     chunks: list[bytes] = []
 
@@ -194,12 +376,21 @@ def run_notebook(notebook: Path, parameters: dict, *, output_dir: Path, timeout_
     status = ""
     reason = ""
     root = psutil.Process(popen.pid)
+    checked: set[int] = set()
+    workers: dict[int, dict] = {}
     try:
         while popen.poll() is None:
             now = time.monotonic() - started
             for epoch in assessment.epoch_files(output_dir):
                 seen.setdefault(epoch, now)
-            memory = _rss_mb(_tree(root))
+            tree = _tree(root)
+            for proc in tree:
+                if proc.pid not in checked:
+                    checked.add(proc.pid)
+                    worker = _horovod_worker(proc)
+                    if worker is not None:
+                        workers[_namespace_pid(proc.pid)] = worker
+            memory = _rss_mb(tree)
             peak = max(peak, memory)
             if memory > memory_limit_mb:
                 status, reason = "memory", (f"memory limit exceeded: {memory:.0f} MB > "
@@ -211,7 +402,8 @@ def run_notebook(notebook: Path, parameters: dict, *, output_dir: Path, timeout_
             time.sleep(POLL_SECONDS)
     finally:
         end = time.monotonic() - started
-        kill_run(popen, marker)
+        tasks_peak, fork_limited, oom = cgroups.tasks_peak(), cgroups.hit_pids_limit(), cgroups.oom_killed()
+        kill_run(popen, marker, cgroups)
         reader.join(timeout=30)
     for epoch in assessment.epoch_files(output_dir):
         seen.setdefault(epoch, end)  # appeared between the last poll and the end
@@ -222,6 +414,12 @@ def run_notebook(notebook: Path, parameters: dict, *, output_dir: Path, timeout_
             result = json.loads(b"".join(chunks))
         except ValueError:
             result = None
+    if not status and oom:
+        status, reason = "memory", (f"memory limit exceeded: the kernel stopped the run at "
+                                    f"{memory_limit_mb * CGROUP_MEMORY_FACTOR:.0f} MB")
+    if not status and fork_limited and (result is None or result["status"] != "ok"):
+        status, reason = "tasks", (f"too many processes/threads: the run hit the limit of {PIDS_MAX} tasks "
+                                   "(a fork bomb?) and was stopped")
     if not status:
         if result is None:
             status, reason = "kernel_died", "kernel died (out of memory?): the run ended without a result"
@@ -234,4 +432,5 @@ def run_notebook(notebook: Path, parameters: dict, *, output_dir: Path, timeout_
                 reason += f": {result['message']}"
     return RunResult(status=status, reason=reason, seconds=end,
                      notebook=result.get("notebook") if result else None,
-                     epoch_seen_s=dict(sorted(seen.items())), peak_memory_mb=peak, isolation=note)
+                     epoch_seen_s=dict(sorted(seen.items())), peak_memory_mb=peak, isolation=note,
+                     horovod_workers=dict(sorted(workers.items())), tasks_peak=tasks_peak)

@@ -25,11 +25,13 @@ def _notebook(folder, *cells):
     return path
 
 
-# A process the notebook leaves running in a session of its own, with its pid written down.
+# A process the notebook leaves running in a session of its own, with a duration no other
+# process on the machine has (its pid means nothing outside the run's PID namespace).
 ORPHAN = """
-import subprocess
-child = subprocess.Popen(["sleep", "600"], start_new_session=True)
-open("output/orphan.pid", "w").write(str(child.pid))
+import random, subprocess
+duration = f"{random.randint(10**6, 10**7)}.5"
+child = subprocess.Popen(["sleep", duration], start_new_session=True)
+open("output/orphan.pid", "w").write(duration)
 """
 
 
@@ -42,8 +44,11 @@ def _run(path, **kwargs):
 
 
 def _orphan_gone(path):
-    pid = int((path.parent / "output" / "orphan.pid").read_text())
-    return not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    duration = (path.parent / "output" / "orphan.pid").read_text()
+    for proc in psutil.process_iter(["cmdline", "status"]):
+        if proc.info["cmdline"] == ["sleep", duration] and proc.info["status"] != psutil.STATUS_ZOMBIE:
+            return False
+    return True
 
 
 def _outputs(notebook_json):
