@@ -1,9 +1,19 @@
-"""Command line: ``python -m autograder grade COURSE_DIR --assignment A --profile P --workers N``.
+"""Command line: ``python -m autograder grade|keys|verify|revoke``.
 
-Grades every submission under ``COURSE_DIR/submitted/<student>/<assignment>/`` (or first imports a
-folder or zip of notebooks with ``--submissions``), then prints one line per student and where
-the gradebook, the CSV and the HTML report are. Bad input gives one line naming the fix and exit
-status 2; graded submissions, passed or not, give 0.
+``grade COURSE_DIR --assignment A --profile P --workers N`` grades every submission under
+``COURSE_DIR/submitted/<student>/<assignment>/`` (or first imports a folder or zip of notebooks with
+``--submissions``), then prints one line per student and where the gradebook, the CSV and the HTML
+report are. Graded submissions, passed or not, give exit status 0.
+
+Certificates (:mod:`autograder.certificates`):
+
+- ``keys init [--course COURSE_DIR | --key-dir DIR] [--force]`` makes the course's signing key pair
+  and prints the public key (never the private one);
+- ``verify CERT [--public-key PEM | --course COURSE_DIR] [--revoked FILE]`` checks a certificate's
+  .pdf or .json: ``VALID: ...`` and status 0, or ``INVALID: <reason>`` and status 1;
+- ``revoke CERT_ID --reason "..." [--course COURSE_DIR | --revoked FILE]`` adds it to the list.
+
+Bad input gives one line naming the fix and exit status 2.
 """
 
 from __future__ import annotations
@@ -32,7 +42,10 @@ def main(argv: list[str] | None = None) -> int:
     grade.add_argument("--no-isolation", action="store_true",
                        help="run without the network/mount namespaces (debugging only)")
     grade.add_argument("--no-progress", action="store_true")
+    _add_certificate_commands(sub)
     args = parser.parse_args(argv)
+    if args.command != "grade":
+        return _certificate_command(args)
 
     from autograder.course import CourseError
     from mgpu import assessment
@@ -67,6 +80,92 @@ def main(argv: list[str] | None = None) -> int:
     print(f"gradebook: {os.path.join(os.path.abspath(args.course_dir), 'gradebook.db')}\n"
           f"csv:       {os.path.join(results, 'grades.csv')}\nreport:    {os.path.join(results, 'report.html')}")
     return 0
+
+
+def _add_certificate_commands(sub) -> None:
+    keys = sub.add_parser("keys", help="the course's certificate signing key")
+    keys_sub = keys.add_subparsers(dest="keys_command", required=True)
+    init = keys_sub.add_parser("init", help="make the signing key pair (private key mode 0600)")
+    where = init.add_mutually_exclusive_group()
+    where.add_argument("--course", default="assignments", help="course folder: keys go to COURSE/.keys/ "
+                       "(default: assignments)")
+    where.add_argument("--key-dir", help="put the key pair in this folder instead")
+    init.add_argument("--force", action="store_true",
+                      help="replace an existing key (certificates signed with it stop verifying)")
+
+    verify = sub.add_parser("verify", help="check a certificate's signature and revocation")
+    verify.add_argument("cert", help="the certificate's .pdf or .json")
+    key = verify.add_mutually_exclusive_group()
+    key.add_argument("--public-key", help="the course's public_key.pem (no revocation list unless --revoked)")
+    key.add_argument("--course", default="assignments", help="course folder: its .keys/public_key.pem and "
+                     "autograder/revoked.txt (default: assignments)")
+    verify.add_argument("--revoked", help="revocation list (default with --course: COURSE/autograder/revoked.txt)")
+
+    revoke = sub.add_parser("revoke", help="add a certificate ID to the revocation list")
+    revoke.add_argument("certificate_id", help="the 32 hex digits of the certificate's file name")
+    revoke.add_argument("--reason", required=True, help="one line, shown when the certificate is verified")
+    where = revoke.add_mutually_exclusive_group()
+    where.add_argument("--course", default="assignments", help="course folder: COURSE/autograder/revoked.txt "
+                       "(default: assignments)")
+    where.add_argument("--revoked", help="the revocation list file instead")
+
+
+def _no_course(course_dir: str, instead: str) -> str:
+    return (f"error: no course folder {course_dir}: pass the folder that holds nbgrader_config.py (this repo's "
+            f"is assignments/) or {instead}")
+
+
+def _certificate_command(args) -> int:
+    from autograder import certificates
+
+    try:
+        if args.command == "keys":
+            if args.key_dir is None and not os.path.isdir(args.course):
+                print(_no_course(args.course, "--key-dir DIR"), file=sys.stderr)
+                return 2
+            key_dir = args.key_dir or certificates.default_key_dir(args.course)
+            private_path, public_path = certificates.init_keys(key_dir, force=args.force)
+            public_key = certificates.load_public_key(public_path)
+            print(f"signing key (private, mode 0600, keep it secret): {private_path}\n"
+                  f"public key:  {public_path}\nkey id:      {certificates.key_id(public_key)}\n\n"
+                  f"{certificates.public_pem(public_key)}\n"
+                  "Publish the public key: anyone can then check a certificate with\n"
+                  "  python -m autograder verify CERT.pdf --public-key public_key.pem")
+            return 0
+        if args.command == "verify":
+            if not os.path.isfile(args.cert):
+                print(f"error: no certificate file {args.cert}: pass the certificate's .pdf or .json", file=sys.stderr)
+                return 2
+            if args.public_key is None and not os.path.isdir(args.course):
+                print(_no_course(args.course, "--public-key PEM"), file=sys.stderr)
+                return 2
+            public_key = certificates.load_public_key(
+                args.public_key or certificates.default_key_dir(args.course) / certificates.PUBLIC_KEY_FILE)
+            revoked_path = args.revoked or (None if args.public_key
+                                            else certificates.default_revocation_list(args.course))
+            revoked = certificates.read_revocations(revoked_path) if revoked_path else {}
+            verification = certificates.verify(args.cert, public_key, revoked)
+            if not verification.valid:
+                print(f"INVALID: {verification.reason}")
+                return 1
+            print(f"VALID: {verification.reason.removeprefix('valid: ')}")
+            for name, value in verification.certificate.items():
+                print(f"  {name:<20} {value}")
+            return 0
+        # revoke
+        if args.revoked is None and not os.path.isdir(args.course):
+            print(_no_course(args.course, "--revoked FILE"), file=sys.stderr)
+            return 2
+        path = args.revoked or certificates.default_revocation_list(args.course)
+        if certificates.revoke(path, args.certificate_id, args.reason):
+            print(f"revoked {args.certificate_id.strip().lower()}: {args.reason}\n-> {path}")
+        else:
+            reason = certificates.read_revocations(path)[args.certificate_id.strip().lower()]
+            print(f"{args.certificate_id.strip().lower()} was already revoked ({reason}): {path} unchanged")
+        return 0
+    except certificates.CertificateError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":
