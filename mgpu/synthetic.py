@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["CLASS_NAMES", "generate"]
+__all__ = ["CLASS_NAMES", "generate", "generate_private"]
 
 CLASS_NAMES: tuple[str, ...] = (
     "disc",
@@ -50,7 +50,7 @@ CLASS_NAMES: tuple[str, ...] = (
 _SIZE = 28
 _CHUNK = 1000  # samples per random stream; a multiple of 10 so full chunks are exactly balanced
 _ENTROPY = 0x6D677075  # fixed tag mixed into every stream (b"mgpu"), so seeds map to our own streams
-_TRAIN, _TEST = 0, 1
+_TRAIN, _TEST, _PRIVATE = 0, 1, 2
 _PIX = 0.1  # one pixel in the canonical coordinates the shapes are drawn in (image spans +-1.35)
 _N_PARAMS = 36  # uniform draws per sample; every class reads the columns it needs
 
@@ -322,13 +322,14 @@ def _render_chunk(bits: np.random.PCG64) -> tuple[np.ndarray, np.ndarray]:
     return out.reshape(n, _SIZE, _SIZE), labels
 
 
-def _split(seed: int, split: int, n: int) -> tuple[np.ndarray, np.ndarray]:
+def _split(seed: int, split: int, n: int, secret: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """The first ``n`` samples of one split's stream of chunks."""
     n_chunks = -(-n // _CHUNK)
     x = np.empty((n_chunks * _CHUNK, _SIZE, _SIZE), dtype=np.uint8)
     y = np.empty(n_chunks * _CHUNK, dtype=np.uint8)
+    entropy = [_ENTROPY, seed] if secret is None else [_ENTROPY, seed, secret]
     for i in range(n_chunks):
-        seq = np.random.SeedSequence(entropy=[_ENTROPY, seed], spawn_key=(split, i))
+        seq = np.random.SeedSequence(entropy=entropy, spawn_key=(split, i))
         sl = slice(i * _CHUNK, (i + 1) * _CHUNK)
         x[sl], y[sl] = _render_chunk(np.random.PCG64(seq))
     return x[:n], y[:n]
@@ -352,3 +353,16 @@ def generate(
     x_train, y_train = _split(seed, _TRAIN, int(n_train))
     x_test, y_test = _split(seed, _TEST, int(n_test))
     return x_train, y_train, x_test, y_test
+
+
+def generate_private(secret: int, n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """``n`` more samples of the same task as ``generate(seed)``, from a stream keyed by ``secret``.
+
+    The shapes and the distribution of pose, texture and noise are those of every split; only the
+    random stream differs. Whoever does not know ``secret`` (a 128-bit integer) cannot regenerate
+    these samples, unlike the public test split: the grader measures on them.
+    """
+    secret = int(secret)
+    if secret < 0 or n < 0:
+        raise ValueError(f"secret and n must be non-negative, got secret<0={secret < 0}, n={n}")
+    return _split(int(seed), _PRIVATE, int(n), secret=secret)
