@@ -9,10 +9,10 @@
   read-only tmpfs mounts, and a PID namespace of its own (with its own ``/proc``): when its first
   process ends, the kernel ends every process in it. :func:`isolation_available` probes this
   once; without it the run goes ahead with a logged note;
-- **cgroups** where the OS allows it (cgroup v1 ``pids`` and ``memory``): a cap on the number of
-  tasks (a fork bomb stops there) and a hard memory cap (a memory bomb faster than the watchdog
-  is stopped by the kernel); :func:`cleanup_stale_runs` kills what a grader that was itself
-  killed left in them;
+- **cgroups** where the OS allows it (cgroup v1 ``pids``, ``memory``, ``cpu``): a cap on the number
+  of tasks (a fork bomb stops there), a hard memory cap (a memory bomb faster than the watchdog
+  is stopped by the kernel), and one CPU weight for the whole run (the grader stays responsive);
+  :func:`cleanup_stale_runs` kills what a grader that was itself killed left in them;
 - **a wall-clock time-out** on the grader's clock and **a memory limit** on the resident memory of
   the whole process tree (a psutil watchdog: TensorFlow reserves far more virtual memory than it
   uses, so an address-space rlimit would kill healthy runs);
@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -58,26 +59,82 @@ PIDS_MAX = max(2048, 64 * (os.cpu_count() or 1))
 #: resident memory per process, normally fires first and gives the clearer reason).
 CGROUP_MEMORY_FACTOR = 1.25
 CGROUP_V1 = Path("/sys/fs/cgroup")
+#: pids: the task cap; memory: the hard memory cap; cpu: a group of its own, so however many
+#: processes a run starts they share one CPU weight and the grader's watchdog keeps its share.
+CONTROLLERS = ("pids", "memory", "cpu")
 CGROUP_PREFIX = "mgpu-grade-"
 
-# Runs inside the new namespaces: loopback up, hide folders, keep this run's work folder visible.
-# $1: this run's work folder, $2: the folder holding every run's work folder, then "--", then
-# folders to hide, then "--", then the command.
-_ISOLATE = r'''
-set -e
-ip link set lo up
-work="$1"; parent="$2"; shift 2; shift
-keep=$(mktemp -d /dev/shm/mgpu-keep.XXXXXX 2>/dev/null || mktemp -d)
-mount --bind "$work" "$keep"
-while [ "$1" != "--" ]; do mount -t tmpfs -o size=64k,mode=0555 tmpfs "$1"; shift; done
-shift
-mount -t tmpfs -o mode=0755 tmpfs "$parent"
-mkdir -p "$work"
-mount --bind "$keep" "$work"
-umount "$keep"
-rmdir "$keep"
-exec "$@"
-'''
+#: The unprivileged user the student's code runs as inside the namespaces (``MGPU_GRADE_UID``
+#: overrides; ``-`` keeps root, for debugging only). Without root it cannot undo the mounts that
+#: hide the course, nor read the signing key even if it could see it.
+RUN_UID = os.environ.get("MGPU_GRADE_UID", "65534")
+
+
+def _closed_ancestor(path: Path) -> Path | None:
+    """The highest folder above ``path`` that other users cannot enter (e.g. /root, mode 0700)."""
+    for ancestor in reversed(Path(path).parents[:-1]):  # from the top down, / excluded
+        try:
+            if not ancestor.stat().st_mode & 0o001:
+                return ancestor
+        except OSError:
+            return None
+    return None
+
+
+def isolation_script(work: Path, parent: Path, hidden: list[Path], needed: list[Path], uid: str) -> str:
+    """The shell script run as root inside the new namespaces, then as ``uid`` (every path quoted).
+
+    1. loopback up; this run's work folder bound aside;
+    2. each closed folder holding something the run needs (Python under /root) is covered by an
+       open tmpfs into which only those paths are bound back;
+    3. the hidden folders are covered by empty read-only tmpfs mounts;
+    4. the folder of every run's work folder is covered, and this run's bound back;
+    5. root is dropped (``setpriv``: new uid and gid, no groups, no capabilities, no new privileges).
+    """
+    q = shlex.quote
+    lines = ["set -e", "ip link set lo up", "keep=$(mktemp -d /dev/shm/mgpu-keep.XXXXXX 2>/dev/null || mktemp -d)",
+             f"mount --bind {q(str(work))} \"$keep\""]
+    groups: dict[Path, list[Path]] = {}
+    for path in needed:
+        top = _closed_ancestor(path)
+        if top is not None:
+            groups.setdefault(top, []).append(path)
+    for number, (top, paths) in enumerate(sorted(groups.items())):
+        for index, path in enumerate(paths):
+            lines += [f"k{number}_{index}=$(mktemp -d /dev/shm/mgpu-open.XXXXXX 2>/dev/null || mktemp -d)",
+                      f"mount --bind {q(str(path))} \"$k{number}_{index}\""]
+        lines.append(f"mount -t tmpfs -o mode=0755 tmpfs {q(str(top))}")
+        for index, path in enumerate(paths):
+            lines += [f"mkdir -p {q(str(path))}", f"mount --bind \"$k{number}_{index}\" {q(str(path))}",
+                      f"umount \"$k{number}_{index}\"", f"rmdir \"$k{number}_{index}\""]
+    # (a hidden folder under a closed one is already out of sight: the open tmpfs does not hold it)
+    lines += [f"if [ -d {q(str(h))} ]; then mount -t tmpfs -o size=64k,mode=0555 tmpfs {q(str(h))}; fi"
+              for h in hidden]
+    lines += [f"mount -t tmpfs -o mode=0755 tmpfs {q(str(parent))}", f"mkdir -p {q(str(work))}",
+              f"mount --bind \"$keep\" {q(str(work))}", "umount \"$keep\"", "rmdir \"$keep\""]
+    if uid != "-":
+        lines.append(f"exec setpriv --reuid={q(uid)} --regid={q(uid)} --clear-groups --no-new-privs "
+                     "--bounding-set=-all --inh-caps=-all \"$@\"")
+    lines.append("exec \"$@\"")
+    return "\n".join(lines) + "\n"
+
+
+def _needed_paths() -> list[Path]:
+    """What a run must be able to read: the Python installation, the virtual env, the course library."""
+    paths = {Path(sys.base_prefix).resolve(), Path(sys.prefix).resolve(), Path(sys.executable).resolve().parent,
+             REPO_ROOT}
+    return sorted(paths)
+
+
+def _give_to(uid: str, folder: Path) -> None:
+    """Make ``folder`` (the run's work folder) and everything in it the run user's."""
+    if uid == "-" or os.geteuid() != 0:
+        return
+    number = int(uid)
+    for root, dirs, files in os.walk(folder):
+        os.chown(root, number, number)
+        for name in dirs + files:
+            os.chown(os.path.join(root, name), number, number, follow_symlinks=False)
 
 
 UNSHARE = ["unshare", "--net", "--mount", "--pid", "--fork", "--kill-child", "--mount-proc",
@@ -89,8 +146,11 @@ def isolation_available() -> tuple[bool, str]:
     """(True, '') when ``unshare --net --mount --pid`` works here, else (False, why)."""
     if shutil.which("unshare") is None or shutil.which("ip") is None:
         return False, "unshare or ip not installed: the notebook runs with the network on and folders visible"
+    if shutil.which("setpriv") is None and RUN_UID != "-":
+        return False, "setpriv not installed: cannot run the notebook as an unprivileged user"
+    drop = "" if RUN_UID == "-" else f" && setpriv --reuid={RUN_UID} --regid={RUN_UID} --clear-groups true"
     probe = subprocess.run(
-        [*UNSHARE, "sh", "-c", "ip link set lo up && mount -t tmpfs tmpfs /mnt && echo ok $$"],
+        [*UNSHARE, "sh", "-c", f"ip link set lo up && mount -t tmpfs tmpfs /mnt{drop} && echo ok $$"],
         capture_output=True, text=True, timeout=30)
     if probe.returncode != 0 or "ok 1" not in probe.stdout:
         why = (probe.stderr.strip().splitlines() or ["no reason given"])[-1]
@@ -153,17 +213,18 @@ class RunCgroups:
     def __init__(self, name: str, memory_limit_mb: float, pids_max: int = PIDS_MAX):
         self.folders: dict[str, Path] = {}
         self.note = ""
-        for controller in ("pids", "memory"):
+        for controller in CONTROLLERS:
             parent = _own_cgroup_dir(controller)
             if parent is None:
-                self.note = f"no writable cgroup v1 {controller} controller: no kernel cap on tasks/memory"
+                if controller != "cpu":
+                    self.note = f"no writable cgroup v1 {controller} controller: no kernel cap on tasks/memory"
                 continue
-            folder = parent / f"{CGROUP_PREFIX}{name}"
+            folder = parent / f"{CGROUP_PREFIX}{os.getpid()}-{name}"  # the grader's pid: see cleanup
             try:
                 folder.mkdir()
                 if controller == "pids":
                     (folder / "pids.max").write_text(str(pids_max))
-                else:
+                elif controller == "memory":
                     limit = str(int(memory_limit_mb * CGROUP_MEMORY_FACTOR * 2**20))
                     (folder / "memory.limit_in_bytes").write_text(limit)
                     if (folder / "memory.memsw.limit_in_bytes").exists():
@@ -210,13 +271,20 @@ class RunCgroups:
 
 
 def cleanup_stale_runs() -> int:
-    """Kill the tasks of runs a killed grader left behind in its cgroups; returns how many."""
+    """Kill the tasks of runs whose grader is dead (it was killed), and remove their cgroups.
+
+    Returns how many tasks were killed. A running grader's cgroups (its pid is in their names) are
+    left alone.
+    """
     killed = 0
-    for controller in ("pids", "memory"):
+    for controller in CONTROLLERS:
         parent = _own_cgroup_dir(controller)
         if parent is None:
             continue
         for folder in parent.glob(f"{CGROUP_PREFIX}*"):
+            owner = folder.name[len(CGROUP_PREFIX):].split("-", 1)[0]
+            if owner.isdigit() and psutil.pid_exists(int(owner)) and int(owner) != os.getpid():
+                continue
             killed += _empty_and_remove(folder)
     return killed
 
@@ -295,11 +363,16 @@ def _marked(marker: str) -> list[psutil.Process]:
 def kill_run(popen: subprocess.Popen, marker: str, cgroups: RunCgroups | None = None) -> None:
     """Kill the run's session, every process with its marker, its cgroups' tasks, and whatever
     descendants remain."""
-    leftovers = _tree(psutil.Process(popen.pid)) if popen.poll() is None else []
+    # The run's process group holds unshare and the first process of the run's PID namespace:
+    # killing that one makes the kernel kill every process in the namespace at once, which is the
+    # only way to stop a fork bomb (killing its processes one by one frees slots it refills).
     try:
         os.killpg(popen.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
+    if cgroups is not None:
+        cgroups.remove()
+    leftovers = _tree(psutil.Process(popen.pid)) if popen.poll() is None else []
     for _ in range(3):
         procs = [p for p in {*_marked(marker), *leftovers} if p.is_running()]
         leftovers = []
@@ -343,10 +416,11 @@ def run_notebook(notebook: Path, parameters: dict, *, output_dir: Path, timeout_
     if isolate:
         ok, note = isolation_available()
         if ok:
-            hidden = [str(Path(h).resolve()) for h in hide if Path(h).exists()]
-            command = [*UNSHARE, "sh", "-c", _ISOLATE,
-                       "isolate", str(work), str((work_parent or work.parent).resolve()), "--",
-                       *hidden, "--", *command]
+            hidden = [Path(h).resolve() for h in hide if Path(h).exists()]
+            parent = (work_parent or work.parent).resolve()
+            script = isolation_script(work, parent, hidden, [*_needed_paths(), parent], RUN_UID)
+            _give_to(RUN_UID, work)
+            command = [*UNSHARE, "sh", "-c", script, "isolate", *command]
     else:
         note = "isolation switched off by the caller"
     cgroups = RunCgroups(marker, memory_limit_mb)
@@ -381,6 +455,14 @@ def run_notebook(notebook: Path, parameters: dict, *, output_dir: Path, timeout_
     try:
         while popen.poll() is None:
             now = time.monotonic() - started
+            # The cheap checks first: a fork bomb makes walking the process tree slow.
+            if cgroups.hit_pids_limit():
+                status, reason = "tasks", (f"too many processes/threads: the run hit the limit of {PIDS_MAX} "
+                                           "tasks (a fork bomb?) and was stopped")
+                break
+            if now > timeout_s:
+                status, reason = "timeout", f"timed out after {timeout_s:.0f} s"
+                break
             for epoch in assessment.epoch_files(output_dir):
                 seen.setdefault(epoch, now)
             tree = _tree(root)
@@ -395,9 +477,6 @@ def run_notebook(notebook: Path, parameters: dict, *, output_dir: Path, timeout_
             if memory > memory_limit_mb:
                 status, reason = "memory", (f"memory limit exceeded: {memory:.0f} MB > "
                                             f"{memory_limit_mb:.0f} MB, the run was killed")
-                break
-            if now > timeout_s:
-                status, reason = "timeout", f"timed out after {timeout_s:.0f} s"
                 break
             time.sleep(POLL_SECONDS)
     finally:
@@ -417,17 +496,17 @@ def run_notebook(notebook: Path, parameters: dict, *, output_dir: Path, timeout_
     if not status and oom:
         status, reason = "memory", (f"memory limit exceeded: the kernel stopped the run at "
                                     f"{memory_limit_mb * CGROUP_MEMORY_FACTOR:.0f} MB")
-    if not status and fork_limited and (result is None or result["status"] != "ok"):
+    if not status and fork_limited:
         status, reason = "tasks", (f"too many processes/threads: the run hit the limit of {PIDS_MAX} tasks "
                                    "(a fork bomb?) and was stopped")
     if not status:
         if result is None:
-            status, reason = "kernel_died", "kernel died (out of memory?): the run ended without a result"
+            status, reason = "kernel_died", "kernel died (it exited, crashed or ran out of memory): the run ended without a result"
         else:
             status = result["status"]
             reason = {"ok": "",
                       "cell_error": result["message"] or "a cell raised an error",
-                      "kernel_died": "kernel died (out of memory?)"}.get(status, result["message"])
+                      "kernel_died": "kernel died (it exited, crashed or ran out of memory)"}.get(status, result["message"])
             if status == "kernel_died" and result["message"]:
                 reason += f": {result['message']}"
     return RunResult(status=status, reason=reason, seconds=end,

@@ -71,14 +71,14 @@ def test_network_is_off_folders_are_hidden_files_are_timed_and_nothing_survives(
             print("network: on")
         except OSError:
             print("network: off")
-        print("secret files visible:", os.listdir(secret_dir))
+        print("secret files visible:", os.listdir(secret_dir) if os.path.exists(secret_dir) else [])
         print("other runs visible:", sorted(os.listdir("..")))
         time.sleep(1)
         open("output/epoch_000.npz", "wb").write(b"x")
         time.sleep(2)
         """, ORPHAN)
     result = _run(path)
-    assert result.status == "ok" and result.reason == "" and result.isolation == ""
+    assert result.status == "ok" and result.reason == "" and result.isolation == "", (result.status, result.reason)
     text = _outputs(result.notebook)
     assert "network: off" in text and "secret files visible: []" in text
     assert "other runs visible: ['work']" in text
@@ -107,5 +107,5 @@ def test_memory_limit_kills_the_run_with_the_reason(tmp_path):
 def test_a_dead_kernel_is_reported(tmp_path):
     path = _notebook(tmp_path, ORPHAN, "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)", "print('after')")
     result = _run(path)
-    assert result.status == "kernel_died" and result.reason.startswith("kernel died (out of memory?)")
+    assert result.status == "kernel_died" and result.reason.startswith("kernel died (it exited, crashed or ran out of memory)")
     assert _orphan_gone(path)
