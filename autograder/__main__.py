@@ -75,7 +75,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     for v in verdicts:
         print(f"{v.student:<24} {'PASS' if v.passed else 'FAIL'}  {v.score:4.1f}/{v.max_score:.0f}  "
-              f"{v.total_seconds:5.0f} s  {v.reason}")
+              f"{v.total_seconds:5.0f} s  {v.reason}"
+              + (f"  [certificate {v.certificate}]" if v.certificate else ""))
     results = os.path.join(os.path.abspath(args.course_dir), "autograder", args.assignment)
     print(f"gradebook: {os.path.join(os.path.abspath(args.course_dir), 'gradebook.db')}\n"
           f"csv:       {os.path.join(results, 'grades.csv')}\nreport:    {os.path.join(results, 'report.html')}")

@@ -33,11 +33,18 @@ warnings.filterwarnings("ignore", message=r"Object of type <Submitted")
 
 #: The autograded cell whose output the grader replaces with its own measurement.
 OUTCOME_CELL = "outcome"
+#: Locked cells the grader's clean test pass runs before the tests (no student code in them).
+CONTEXT_CELLS = ("setup",)
+PARAMETERS_CELL = "parameters"
 EXECUTED_DIR = "executed"
 
 
 class CourseError(RuntimeError):
     """Bad input for the grader: the message is one line naming the fix."""
+
+
+class InvalidCells(ValueError):
+    """The submission's own cells cannot be found: the message says what to do."""
 
 
 def _nbgrader_on_path() -> None:
@@ -120,6 +127,10 @@ class Course:
     @property
     def db_url(self) -> str:
         return self.coursedir.db_url
+
+    @property
+    def course_id(self) -> str:
+        return str(self.config.CourseDirectory.get("course_id") or self.root.name)
 
     def release_dir(self) -> Path:
         return self.root / "release" / self.assignment
@@ -245,6 +256,75 @@ class Course:
         OverwriteCells(config=self.config).preprocess(notebook, resources)
         return changed
 
+    def student_cell_ids(self, notebook_id: str) -> list[str]:
+        """grade_ids of the cells that are the student's (nbgrader solution cells, not locked)."""
+        release = nbformat.read(self.release_dir() / f"{notebook_id}.ipynb", as_version=4)
+        return [c.metadata.nbgrader["grade_id"] for c in release.cells
+                if c.metadata.get("nbgrader", {}).get("solution") and not c.metadata.nbgrader.get("locked")]
+
+    def canonical_notebook(self, submitted, notebook_id: str) -> tuple["nbformat.NotebookNode", list[str], list[str]]:
+        """The notebook the grader runs, built from the release, and what differed in the submission.
+
+        Every cell, its order, type and nbgrader metadata come from the release; locked cells are
+        then restored from the gradebook (which puts the hidden tests back). Only the source of
+        the student's own cells (:meth:`student_cell_ids`) is taken from the submission, always as
+        code. Returns ``(notebook, restored, notes)``: ``restored`` names the locked cells that were
+        missing or modified (source, type or metadata); ``notes`` says what else was set aside
+        (cells added, cells reordered, a student cell whose type changed).
+        """
+        release = nbformat.read(self.release_dir() / f"{notebook_id}.ipynb", as_version=4)
+        theirs: dict[str, list] = {}
+        order: list[str] = []
+        added = 0
+        known = {c.metadata.get("nbgrader", {}).get("grade_id") for c in release.cells} - {None}
+        for cell in submitted.cells:
+            info = cell.metadata.get("nbgrader")
+            grade_id = info.get("grade_id") if isinstance(info, dict) else None
+            if isinstance(grade_id, str) and grade_id in known:
+                theirs.setdefault(grade_id, []).append(cell)
+                order.append(grade_id)
+            elif cell.cell_type == "code" and str(cell.source).strip():
+                added += 1
+        students = self.student_cell_ids(notebook_id)
+        for grade_id in students:
+            if grade_id not in theirs:
+                raise InvalidCells(f"your cell {grade_id} is missing (or its nbgrader metadata was edited): "
+                                   "copy your code into that cell of the released notebook and submit again")
+            if len(theirs[grade_id]) > 1:
+                raise InvalidCells(f"{len(theirs[grade_id])} cells are marked {grade_id}: keep only one "
+                                   "(copy your code into the released notebook's cell)")
+        restored, notes = [], []
+        from nbgrader.utils import compute_checksum
+
+        gradebook = self.source_cells(notebook_id)
+        cells = []
+        for original in release.cells:
+            cell = nbformat.from_dict(original)
+            grade_id = cell.metadata.get("nbgrader", {}).get("grade_id")
+            if grade_id in students:
+                mine = theirs[grade_id][0]
+                cell.source = mine.source if isinstance(mine.source, str) else "".join(mine.source)
+                if mine.cell_type != "code":
+                    notes.append(f"cell {grade_id} was changed to {mine.cell_type}: graded as code")
+            elif grade_id is not None and cell.metadata.nbgrader.get("locked"):
+                mine = theirs.get(grade_id, [None])[0]
+                expected = gradebook[grade_id].checksum if grade_id in gradebook else None
+                if (mine is None or mine.cell_type != cell.cell_type
+                        or _graded_metadata(mine) != _graded_metadata(cell)
+                        or _checksum(mine) not in (expected, compute_checksum(original))):
+                    restored.append(grade_id)
+            cells.append(cell)
+        release.cells = cells
+        restored += [g for g in self.restore_locked_cells(release, notebook_id) if g not in restored]
+        released_order = [c.metadata.get("nbgrader", {}).get("grade_id") for c in cells]
+        seen = [g for g in dict.fromkeys(order)]
+        if seen != [g for g in released_order if g in seen]:
+            notes.append("cells reordered: graded in the released order")
+        if added:
+            notes.append(f"{added} code cell(s) you added were not run: only "
+                         f"{', '.join(students)} is yours")
+        return release, restored, notes
+
     # -------------------------------------------------------------------- autograde + feedback
 
     def autograde(self, student: str, executed_notebook, notebook_id: str, timestamp: Path | None) -> None:
@@ -299,15 +379,23 @@ def _checksum(cell) -> str | None:
         return None
 
 
+def _graded_metadata(cell) -> dict:
+    """The nbgrader metadata that decides how a cell is graded (not its checksum or schema)."""
+    info = cell.metadata.get("nbgrader")
+    if not isinstance(info, dict):
+        return {}
+    return {k: info.get(k) for k in ("grade_id", "grade", "solution", "locked", "points")}
+
+
 def _student_id(stem: str) -> str:
     cleaned = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in stem).strip("._")
     return cleaned or "student"
 
 
 def _write_atomically(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    from autograder.report import write_atomically
+
+    write_atomically(path, text)
 
 
 def grade_cells(notebook) -> list:

@@ -25,6 +25,7 @@ class EpochMeasurement:
     seconds: float                 # when the grader first saw the file, since the run started
     accuracy: float | None         # None when the file was rejected
     rejected: str = ""             # why, in one line
+    weights_sha256: str = ""       # of the weights as loaded (shapes and float32 bytes), for copies
 
 
 @dataclass
@@ -53,22 +54,33 @@ class Measurer:
 
     def accuracy(self, weights_file: Path) -> float:
         """Accuracy on the held-out set; raises :class:`assessment.WeightsRejected`."""
+        return self.accuracy_and_hash(weights_file)[0]
+
+    def accuracy_and_hash(self, weights_file: Path) -> tuple[float, str]:
+        """(held-out accuracy, SHA-256 of the weights as loaded); raises :class:`assessment.WeightsRejected`."""
+        import hashlib
+
         import tensorflow as tf
 
         with self._lock:
             assessment.load_epoch_weights(weights_file, self.model)
+            digest = hashlib.sha256()
+            for weight in self.model.get_weights():
+                digest.update(str(weight.shape).encode())
+                digest.update(np.ascontiguousarray(weight, dtype=np.float32).tobytes())
             correct = 0
             for start in range(0, len(self.x_test), 1000):
                 batch = tf.constant(self.x_test[start:start + 1000])
                 correct += int(np.sum(self._predict(batch).numpy() == self.y_test[start:start + 1000]))
-        return correct / len(self.x_test)
+        return correct / len(self.x_test), digest.hexdigest()
 
     def measure(self, output_dir: Path, seen_s: dict[int, float]) -> list[EpochMeasurement]:
         measured = []
         for epoch, path in assessment.epoch_files(output_dir).items():
             seconds = seen_s.get(epoch, float("nan"))
             try:
-                measured.append(EpochMeasurement(epoch, seconds, self.accuracy(path)))
+                accuracy, digest = self.accuracy_and_hash(path)
+                measured.append(EpochMeasurement(epoch, seconds, accuracy, weights_sha256=digest))
             except assessment.WeightsRejected as error:
                 measured.append(EpochMeasurement(epoch, seconds, None, str(error)))
         return measured

@@ -18,7 +18,8 @@ from pathlib import Path
 
 CSV_COLUMNS = ["student", "passed", "outcome_passed", "score", "max_score", "accuracy", "reached_seconds",
                "notebook_seconds", "total_seconds", "run_status", "reason", "profile", "workers",
-               "target_accuracy", "time_budget_s", "submission_sha256", "graded_at"]
+               "target_accuracy", "time_budget_s", "horovod_workers_seen", "copied_from", "certificate",
+               "certificate_note", "submission_sha256", "graded_at"]
 
 
 def write_atomically(path: Path, text: str) -> None:
@@ -40,7 +41,9 @@ def csv_text(records: list[dict]) -> str:
     writer = csv.DictWriter(buffer, fieldnames=CSV_COLUMNS, extrasaction="ignore")
     writer.writeheader()
     for record in sorted(records, key=lambda r: r["student"]):
-        writer.writerow({k: record.get(k) for k in CSV_COLUMNS})
+        row = {k: record.get(k) for k in CSV_COLUMNS}
+        row["copied_from"] = " ".join(record.get("copied_from") or [])
+        writer.writerow(row)
     return buffer.getvalue()
 
 
@@ -87,7 +90,8 @@ def html_text(records: list[dict], profile) -> str:
             f"<td>{html.escape(r.get('reason') or '')}</td>"
             f"<td>{_number(r.get('score'), 1)} / {_number(r.get('max_score'), 1)}</td>"
             f"<td>{_number(r.get('accuracy'), 3)}</td><td>{_number(r.get('reached_seconds'), 0)}</td>"
-            f"<td>{_number(r.get('notebook_seconds'), 0)}</td></tr>")
+            f"<td>{_number(r.get('notebook_seconds'), 0)}</td>"
+            f"<td>{html.escape(r.get('certificate') or r.get('certificate_note') or '')}</td></tr>")
     return f"""<!DOCTYPE html>
 <html><head><meta charset="utf-8"><title>Assessment report</title>
 <style>body{{font-family:sans-serif;margin:2em}} table{{border-collapse:collapse}}
@@ -99,7 +103,7 @@ tr.pass td:nth-child(2){{color:#070;font-weight:bold}} tr.fail td:nth-child(2){{
 held-out accuracy &ge; {profile.target_accuracy:.3f} for 2 consecutive epochs within
 {profile.time_budget_s:.0f} s on the grader's clock. Accuracy and times are the grader's own measurements.</p>
 <table><tr><th>student</th><th>verdict</th><th>reason</th><th>score</th><th>best accuracy</th>
-<th>target reached at (s)</th><th>notebook run (s)</th></tr>
+<th>target reached at (s)</th><th>notebook run (s)</th><th>certificate</th></tr>
 {''.join(rows)}
 </table>
 <h2>Held-out accuracy of each saved epoch against the grader's clock</h2>

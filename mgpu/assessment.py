@@ -200,6 +200,9 @@ def load_epoch_weights(path: str | os.PathLike, model) -> None:
     """
     path = Path(path)
     expected = model.get_weights()
+    if path.is_symlink() or not path.is_file():
+        raise WeightsRejected(f"{path.name} is not a regular file (a link or a device): save with the "
+                              "locked callback")
     size = path.stat().st_size
     if size > MAX_WEIGHTS_BYTES:
         raise WeightsRejected(f"{path.name} is {size / 1e6:.0f} MB, more than the "

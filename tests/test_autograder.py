@@ -76,7 +76,7 @@ def test_measurer_agrees_with_keras_on_the_same_weights(tmp_path):
 
 # ---------------------------------------------------------------------------------- validate
 
-REQUIRED = {"setup": None, "run_training": None}
+REQUIRED = {"training_program": None}
 
 
 def test_malformed_json_is_rejected(tmp_path):
@@ -101,12 +101,13 @@ def test_oversized_notebook_is_rejected(tmp_path, monkeypatch):
         validate.load_submission(path, REQUIRED)
 
 
-def test_missing_cells_are_named(tmp_path):
+def test_a_missing_student_cell_is_named(tmp_path):
     notebook = nbformat.read(SOURCE, as_version=4)
-    notebook.cells = [c for c in notebook.cells if c.metadata.get("nbgrader", {}).get("grade_id") != "setup"]
+    notebook.cells = [c for c in notebook.cells
+                      if c.metadata.get("nbgrader", {}).get("grade_id") != "training_program"]
     path = tmp_path / "a.ipynb"
     nbformat.write(notebook, path)
-    with pytest.raises(validate.InvalidSubmission, match="cells missing from the notebook: setup"):
+    with pytest.raises(validate.InvalidSubmission, match="cells missing from the notebook: training_program"):
         validate.load_submission(path, REQUIRED)
     assert validate.load_submission(SOURCE, REQUIRED).cells
 
@@ -259,8 +260,58 @@ def test_a_kernel_that_dies_is_graded_with_zeros_and_the_reason(tmp_path):
     [verdict] = grade.grade_course(tmp_path, "assessment", assessment.profile("cpu", 2), progress=False,
                                    log=lambda line: None)
     assert not verdict.passed and verdict.run_status == "kernel_died"
-    assert verdict.reason.startswith("kernel died (out of memory?)")
+    assert verdict.reason.startswith("kernel died (it exited, crashed or ran out of memory)")
     # nbgrader recorded the submission (it drops it when its own kernel dies), every cell at zero
     scores = course.scores("oom")
     assert scores and all(score == 0 for score, _ in scores.values())
     assert Path(verdict.feedback).exists()
+
+
+def _facts(folder, size, distributed, in_sync):
+    folder.mkdir(parents=True, exist_ok=True)
+    for rank in range(2):
+        (folder / f"facts-{100 + rank}.json").write_text(json.dumps(
+            {"pid": 100 + rank, "rank": rank if size > 1 else 0, "horovod_size": size,
+             "distributed_optimizer": distributed, "steps_per_epoch": 10, "epochs_done": 2,
+             "weights_in_sync": in_sync}))
+
+
+@pytest.mark.parametrize("size, distributed, in_sync, failing", [
+    (2, True, True, []),
+    (1, False, None, ["test_horovod_init", "test_distributed_training"]),
+    (2, True, False, ["test_distributed_training"]),  # the hidden test
+], ids=["converted", "unconverted", "not-in-sync"])
+def test_the_graders_clean_test_pass_runs_the_locked_tests_with_hidden_ones(course_dir, tmp_path, size,
+                                                                           distributed, in_sync, failing):
+    import os
+
+    from autograder import checks
+
+    course = course_mod.Course(course_dir, "assessment")
+    cells = course.source_cells("assessment")
+    work = tmp_path / "work"
+    _facts(work / "output", size, distributed, in_sync)
+    (work / "data").mkdir()
+    for name in ("train.npz", "val.npz", "dataset.json"):
+        (work / "data" / name).write_text("")  # has_data() only looks for the files
+    tests = [{"grade_id": g, "source": cells[g].source} for g in ("test_horovod_init", "test_distributed_training")]
+    parameters = {"workers": 2, "profile": "cpu", "data_dir": "data", "output_dir": "output",
+                  "time_budget_s": 90.0, "target_accuracy": 0.8}
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    results = checks.run_tests(work, cells["parameters"].source, parameters, [cells["setup"].source], tests, env)
+    assert [r["grade_id"] for r in results if not r["passed"]] == failing
+    for result in results:
+        if not result["passed"]:
+            assert result["ename"] == "AssertionError" and result["evalue"]
+
+
+def test_facts_files_not_written_by_a_seen_worker_are_discarded(tmp_path):
+    from autograder import grade
+
+    _facts(tmp_path, 2, True, True)
+    (tmp_path / "facts-999.json").write_text(json.dumps({"pid": 999, "rank": 0, "horovod_size": 2}))
+    (tmp_path / "facts-7.json").write_text("[" * 100000)  # junk
+    workers = {100: {"rank": 0, "size": 2, "host_pid": 5000}, 101: {"rank": 0, "size": 2, "host_pid": 5001}}
+    # 100 is a seen worker; 101 claims rank 1 but horovodrun gave it rank 0; 999 and 7 were never seen.
+    assert grade.keep_worker_facts(tmp_path, workers) == 3
+    assert sorted(p.name for p in tmp_path.glob("facts-*.json")) == ["facts-100.json"]
