@@ -14,7 +14,8 @@
   is stopped by the kernel), and one CPU weight for the whole run (the grader stays responsive);
   :func:`cleanup_stale_runs` kills what a grader that was itself killed left in them;
 - **a wall-clock time-out** on the grader's clock and **a memory limit** on the resident memory of
-  the whole process tree (a psutil watchdog: TensorFlow reserves far more virtual memory than it
+  the whole run, checked by a watchdog: the memory cgroup's anonymous memory (each page once), or
+  without it the sum over the process tree (TensorFlow reserves far more virtual memory than it
   uses, so an address-space rlimit would kill healthy runs);
 - **no survivors**: the session is killed, then every process carrying the run's marker variable
   (:data:`GRADE_MARKER`, inherited by the kernel, horovodrun and the workers whatever session
@@ -124,6 +125,23 @@ def _needed_paths() -> list[Path]:
     paths = {Path(sys.base_prefix).resolve(), Path(sys.prefix).resolve(), Path(sys.executable).resolve().parent,
              REPO_ROOT}
     return sorted(paths)
+
+
+def _die_with(grader_pid: int):
+    """For ``preexec_fn``: the child gets SIGKILL when the grader dies, even if it died already.
+
+    ``setpriv --pdeathsig`` does the same for what it runs, but only once it has started; this
+    closes the moment between the fork and that.
+    """
+    def arm() -> None:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+        if os.getppid() != grader_pid:
+            os._exit(1)
+
+    return arm
 
 
 def _give_to(uid: str, folder: Path) -> None:
@@ -248,6 +266,19 @@ class RunCgroups:
         except (KeyError, OSError):
             return ""
 
+    def resident_mb(self) -> float | None:
+        """Anonymous memory of every task in the run (each page once), or None without the cgroup."""
+        for line in self._read("memory", "memory.stat").splitlines():
+            key, _, value = line.partition(" ")
+            if key == "total_rss" and value.strip().isdigit():
+                return int(value) / 2**20
+        return None
+
+    def peak_mb(self) -> float:
+        """The most memory the run's cgroup held (page cache included), 0 without the cgroup."""
+        text = self._read("memory", "memory.max_usage_in_bytes").strip()
+        return int(text) / 2**20 if text.isdigit() else 0.0
+
     def tasks_peak(self) -> int:
         text = self._read("pids", "pids.peak").strip()
         return int(text) if text.isdigit() else 0
@@ -349,6 +380,26 @@ def _horovod_worker(proc: psutil.Process) -> dict | None:
         return None
 
 
+def _spot_workers(root: psutil.Process, popen: subprocess.Popen, workers: dict[int, dict]) -> None:
+    """Until the run ends: note every process horovodrun starts, by its pid in the run's namespace."""
+    checked: set[int] = set()
+    while popen.poll() is None:
+        for proc in _tree(root):
+            if proc.pid in checked or popen.poll() is not None:
+                continue
+            try:  # `sh` and `env` start a worker and become it: look again until it is Python
+                young = time.time() - proc.create_time() < 2.0
+                if young and not proc.name().startswith("python"):
+                    continue
+            except psutil.Error:
+                continue
+            checked.add(proc.pid)
+            worker = _horovod_worker(proc)
+            if worker is not None:
+                workers[_namespace_pid(proc.pid)] = worker
+        time.sleep(POLL_SECONDS)
+
+
 def _marked(marker: str) -> list[psutil.Process]:
     found = []
     for proc in psutil.process_iter(["pid"]):
@@ -440,7 +491,8 @@ def run_notebook(notebook: Path, parameters: dict, *, output_dir: Path, timeout_
     started = time.monotonic()
     popen = subprocess.Popen(command, cwd=work, env=child_env, stdin=subprocess.DEVNULL,
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                             start_new_session=True, pass_fds=(write_end,))
+                             start_new_session=True, pass_fds=(write_end,),
+                             preexec_fn=_die_with(os.getpid()))
     os.close(write_end)
     reader = threading.Thread(target=read_pipe, daemon=True)
     reader.start()
@@ -450,8 +502,11 @@ def run_notebook(notebook: Path, parameters: dict, *, output_dir: Path, timeout_
     status = ""
     reason = ""
     root = psutil.Process(popen.pid)
-    checked: set[int] = set()
     workers: dict[int, dict] = {}
+    # Reading a process's environment waits for its memory map, which a fork bomb keeps busy:
+    # the workers are found in a thread of their own, so the limits above never wait for it.
+    spotter = threading.Thread(target=_spot_workers, args=(root, popen, workers), daemon=True)
+    spotter.start()
     try:
         while popen.poll() is None:
             now = time.monotonic() - started
@@ -465,14 +520,9 @@ def run_notebook(notebook: Path, parameters: dict, *, output_dir: Path, timeout_
                 break
             for epoch in assessment.epoch_files(output_dir):
                 seen.setdefault(epoch, now)
-            tree = _tree(root)
-            for proc in tree:
-                if proc.pid not in checked:
-                    checked.add(proc.pid)
-                    worker = _horovod_worker(proc)
-                    if worker is not None:
-                        workers[_namespace_pid(proc.pid)] = worker
-            memory = _rss_mb(tree)
+            memory = cgroups.resident_mb()
+            if memory is None:  # no memory cgroup: sum per process (shared pages count more than once)
+                memory = _rss_mb(_tree(root))
             peak = max(peak, memory)
             if memory > memory_limit_mb:
                 status, reason = "memory", (f"memory limit exceeded: {memory:.0f} MB > "
@@ -482,8 +532,10 @@ def run_notebook(notebook: Path, parameters: dict, *, output_dir: Path, timeout_
     finally:
         end = time.monotonic() - started
         tasks_peak, fork_limited, oom = cgroups.tasks_peak(), cgroups.hit_pids_limit(), cgroups.oom_killed()
+        memory_peak_mb = cgroups.peak_mb()
         kill_run(popen, marker, cgroups)
         reader.join(timeout=30)
+        spotter.join(timeout=10)
     for epoch in assessment.epoch_files(output_dir):
         seen.setdefault(epoch, end)  # appeared between the last poll and the end
 
@@ -494,8 +546,9 @@ def run_notebook(notebook: Path, parameters: dict, *, output_dir: Path, timeout_
         except ValueError:
             result = None
     if not status and oom:
-        status, reason = "memory", (f"memory limit exceeded: the kernel stopped the run at "
-                                    f"{memory_limit_mb * CGROUP_MEMORY_FACTOR:.0f} MB")
+        status, reason = "memory", (f"memory limit exceeded: more than {memory_limit_mb:.0f} MB, the kernel "
+                                    f"stopped the run at its hard cap ({memory_limit_mb * CGROUP_MEMORY_FACTOR:.0f} MB)")
+        peak = max(peak, memory_peak_mb)
     if not status and fork_limited:
         status, reason = "tasks", (f"too many processes/threads: the run hit the limit of {PIDS_MAX} tasks "
                                    "(a fork bomb?) and was stopped")

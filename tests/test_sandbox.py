@@ -109,3 +109,52 @@ def test_a_dead_kernel_is_reported(tmp_path):
     result = _run(path)
     assert result.status == "kernel_died" and result.reason.startswith("kernel died (it exited, crashed or ran out of memory)")
     assert _orphan_gone(path)
+
+
+def test_a_fork_bomb_is_stopped_at_the_task_limit_and_leaves_nothing(tmp_path):
+    available, why = sandbox.isolation_available()
+    probe = sandbox.RunCgroups("probe", 100)
+    has_pids = "pids" in probe.folders
+    probe.remove()
+    if not available or not has_pids:
+        pytest.skip(why or "no writable pids cgroup")
+    (tmp_path / "secret").mkdir()
+    path = _notebook(tmp_path, """
+        import os
+        while True:
+            try:
+                os.fork()
+            except OSError:
+                pass
+        """)
+    result = _run(path, timeout_s=300)
+    assert result.status == "tasks" and "too many processes" in result.reason, (result.status, result.reason)
+    assert result.seconds < 60
+    assert not [p for p in psutil.process_iter() if _marked(p, tmp_path)]
+
+
+def test_the_run_is_not_root_and_cannot_undo_the_mounts(tmp_path):
+    available, why = sandbox.isolation_available()
+    if not available:
+        pytest.skip(why)
+    (tmp_path / "secret").mkdir()
+    (tmp_path / "secret" / "key.pem").write_text("private")
+    path = _notebook(tmp_path, """
+        import os, subprocess
+        print("uid", os.getuid())
+        done = subprocess.run(["umount", "-l", secret_dir], capture_output=True)
+        print("umount", done.returncode)
+        print("visible", os.listdir(secret_dir) if os.path.exists(secret_dir) else [])
+        """)
+    result = _run(path)
+    text = _outputs(result.notebook)
+    assert result.status == "ok", result.reason
+    assert f"uid {sandbox.RUN_UID}" in text and "umount 0" not in text and "visible []" in text, text
+
+
+def _marked(proc, folder):
+    """A process of a run whose work folder is under ``folder`` (other tests' runs are not ours)."""
+    try:
+        return sandbox.GRADE_MARKER in proc.environ() and proc.cwd().startswith(str(folder))
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, OSError):
+        return False

@@ -356,7 +356,7 @@ try:
     open(targets["gradebook"], "rb").read()
     print("READ gradebook after umount")
 except OSError as error:
-    print(f"blocked gradebook after umount: {type(error).__name__}")
+    print(f"blocked gradebook after umount: {{type(error).__name__}}")
 ''')
 
 

@@ -53,9 +53,12 @@ def test_a_grader_killed_mid_cohort_leaves_no_process_and_its_rerun_grades_each_
     grader = subprocess.Popen([sys.executable, "-m", "autograder", "grade", str(course_dir), "--no-progress",
                                "--jobs", "1"], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 300
-    # Kill it while a submission runs, after at least one was recorded.
+    # Kill it while a submission runs (its kernel started), after at least one was recorded.
+    running_since = None
     while time.monotonic() < deadline:
-        if list(results.glob("*.json")) and marked_processes():
+        running = bool(list(results.glob("*.json")) and marked_processes())
+        running_since = (running_since or time.monotonic()) if running else None
+        if running_since and time.monotonic() - running_since > 1.0:
             break
         time.sleep(0.2)
     else:
