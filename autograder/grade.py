@@ -261,7 +261,7 @@ class CohortGrader:
                 verdict.notes.append(f"{verdict.discarded_facts} facts file(s) not written by a Horovod worker "
                                      "the grader saw were discarded")
             executed = nbformat.reads(run.notebook, as_version=4) if run.notebook else notebook
-            self.run_tests_cleanly(executed, work, parameters, run.horovod_workers)
+            self.run_tests_cleanly(executed, work, parameters)
             epochs = self.measurer.measure(work / "output", run.epoch_seen_s)
         finally:
             shutil.rmtree(work, ignore_errors=True)
@@ -273,8 +273,9 @@ class CohortGrader:
 
         why = run.reason or "an earlier cell failed"
         course_mod.mark_unexecuted_tests(executed, why)
-        lines = [f"Measured by the grader on {self.heldout} ({self.dataset_name}); target {self.profile.target_accuracy:.3f} for "
-                 f"{assessment.CONSECUTIVE_EPOCHS} consecutive epochs within {self.profile.time_budget_s:.0f} s.",
+        lines = [f"Measured by the grader on {self.heldout} ({self.dataset_name}); target "
+                 f"{self.profile.target_accuracy:.3f} for {assessment.CONSECUTIVE_EPOCHS} consecutive epochs "
+                 f"within {self.profile.time_budget_s:.0f} s.",
                  "epoch  seen at (s)  accuracy"]
         lines += [f"{e.epoch:5d}  {e.seconds:11.1f}  " + (f"{e.accuracy:.3f}" if e.accuracy is not None
                                                            else f"rejected: {e.rejected}")
@@ -288,7 +289,7 @@ class CohortGrader:
             verdict.passed = False
         return self._finish(verdict, executed, started)
 
-    def run_tests_cleanly(self, executed, work: Path, parameters: dict, workers: dict) -> None:
+    def run_tests_cleanly(self, executed, work: Path, parameters: dict) -> None:
         """Replace the outputs of the test cells that ran with those of a clean run of their locked source."""
         ran = [c for c in course_mod.grade_cells(executed)
                if c.metadata["nbgrader"]["grade_id"] != course_mod.OUTCOME_CELL

@@ -1,8 +1,6 @@
 """Faults in the grader itself: killed part-way through a cohort, then rerun; the disk filling up
 while it writes. No grade may be lost or doubled, no file half-written, no process left behind."""
 
-import json
-import os
 import shutil
 import signal
 import subprocess
