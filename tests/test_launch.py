@@ -114,7 +114,10 @@ def test_ctrl_c_in_the_caller_leaves_no_workers(tmp_path):
         from test_launch import _record_pid_then
         launch.run(_record_pid_then, 2, args=({str(tmp_path)!r}, "hang-all"), verbose=False)
     """))
-    proc = subprocess.Popen([sys.executable, str(caller)], stderr=subprocess.PIPE, text=True)
+    # A shell without job control starts background commands with SIGINT ignored, and Python then
+    # installs no KeyboardInterrupt handler: give the caller the default, as a terminal would.
+    proc = subprocess.Popen([sys.executable, str(caller)], stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.time() + 240
     while len(_worker_pids(tmp_path)) < 2 and time.time() < deadline:
         time.sleep(0.5)
