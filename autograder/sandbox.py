@@ -400,6 +400,18 @@ def _spot_workers(root: psutil.Process, popen: subprocess.Popen, workers: dict[i
         time.sleep(POLL_SECONDS)
 
 
+def processes_of_runs() -> list[int]:
+    """Pids of every process of any graded run still alive (each carries :data:`GRADE_MARKER`)."""
+    found = []
+    for proc in psutil.process_iter(["pid"]):
+        try:
+            if GRADE_MARKER in proc.environ():
+                found.append(proc.pid)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, OSError):
+            continue
+    return found
+
+
 def _marked(marker: str) -> list[psutil.Process]:
     found = []
     for proc in psutil.process_iter(["pid"]):

@@ -7,7 +7,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import psutil
 import pytest
 
 from autograder import cohort, sandbox
@@ -16,17 +15,6 @@ from mgpu import assessment
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def _marked_processes():
-    found = []
-    for proc in psutil.process_iter(["pid"]):
-        try:
-            if sandbox.GRADE_MARKER in proc.environ():
-                found.append(proc.pid)
-        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, OSError):
-            continue
-    return found
 
 
 @pytest.fixture(scope="module")
@@ -112,7 +100,7 @@ def test_submissions_untouched_and_no_process_left(graded):
     for student in students:
         path = course_dir / "submitted" / student / "assessment" / "assessment.ipynb"
         assert course_mod.file_sha256(path) == hashes[student]
-    assert _marked_processes() == []
+    assert sandbox.processes_of_runs() == []
 
 
 def test_a_rerun_skips_what_is_graded(graded):

@@ -14,7 +14,6 @@ import time
 from pathlib import Path
 
 import nbformat
-import psutil
 import pytest
 
 from autograder import certificates, sandbox
@@ -26,17 +25,6 @@ import corpus
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
 BY_NAME = corpus.BY_NAME
-
-
-def marked_processes() -> list[int]:
-    found = []
-    for proc in psutil.process_iter(["pid"]):
-        try:
-            if sandbox.GRADE_MARKER in proc.environ():
-                found.append(proc.pid)
-        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, OSError):
-            continue
-    return found
 
 
 def grade(course_dir: Path, *extra: str) -> subprocess.CompletedProcess:
@@ -106,7 +94,7 @@ def test_the_gradebook_holds_one_consistent_grade_per_submission(graded):
 def test_the_submissions_the_key_and_the_solution_are_untouched_and_no_process_is_left(graded):
     for path, digest in graded["before"].items():
         assert sha(path) == digest, path
-    assert marked_processes() == []
+    assert sandbox.processes_of_runs() == []
     for controller in sandbox.CONTROLLERS:
         folder = sandbox._own_cgroup_dir(controller)
         assert folder is None or not list(folder.glob(f"{sandbox.CGROUP_PREFIX}*"))
