@@ -612,7 +612,6 @@ def _grade_locked(grader: CohortGrader, submissions, force: bool, jobs, progress
     if skipped:
         log(f"skipping {skipped} submission(s) already graded (unchanged); --force regrades them")
     verdicts: list[Verdict] = []
-    grader.course.ensure_release()
     if todo:
         jobs = jobs or default_jobs(profile.workers, profile.name)
         ok, note = sandbox.isolation_available() if grader.isolate else (False, "isolation switched off")
