@@ -8,9 +8,15 @@ in a fresh interpreter into which no student code was ever loaded, with only the
 cells (parameters with the grader's values, set-up) before them, and writes these outputs into
 the executed notebook for nbgrader to score.
 
+The pass treats everything the run left as hostile data. It runs inside the same sandbox as the
+run (unprivileged, no network, the course hidden) with an allow-listed environment, in
+``python -I`` (no current folder, user site or PYTHON* variable on the import path) from an empty
+folder, so no module a run wrote can stand in for the grader's; it sees the data and only the
+facts files the grader kept from the Horovod workers it started.
+
 ``python -m autograder.checks SPEC.json`` prints one JSON list: ``{"grade_id", "passed", "ename",
 "evalue", "stdout"}`` per test, in order. SPEC holds ``context`` (sources), ``parameters`` (name ->
-value) and ``tests`` (``[{"grade_id", "source"}]``); the working folder is the run's folder.
+value) and ``tests`` (``[{"grade_id", "source"}]``).
 """
 
 from __future__ import annotations
@@ -19,7 +25,6 @@ import contextlib
 import io
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -58,23 +63,36 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def run_tests(work: Path, parameters_source: str, parameters: dict, context: list[str], tests: list[dict],
-              env: dict[str, str]) -> list[dict]:
-    """Run ``tests`` in a new interpreter in ``work``; a crash or time-out fails every test, with why."""
-    spec_path = Path(work).parent / f".checks-{Path(work).name}.json"
+def run_tests(folder: Path, parameters_source: str, parameters: dict, context: list[str], tests: list[dict],
+              *, hide=(), work_parent: Path | None = None, isolate: bool = True) -> list[dict]:
+    """Run ``tests`` in a fresh sandboxed interpreter; a crash or time-out fails every test, with why.
+
+    ``folder`` is a folder of the grader's holding what the tests may read; the pass starts in its
+    empty subfolder ``empty/``.
+    """
+    from autograder import sandbox
+
+    folder = Path(folder)
+    spec_path = folder / "spec.json"
     spec_path.write_text(json.dumps({"context_before": parameters_source, "parameters": parameters,
                                      "context": context, "tests": tests}))
-    try:
-        done = subprocess.run([sys.executable, "-m", "autograder.checks", str(spec_path)], cwd=work, env=env,
-                              capture_output=True, text=True, timeout=TIMEOUT_S, stdin=subprocess.DEVNULL)
-        results = json.loads(done.stdout.strip().splitlines()[-1]) if done.returncode == 0 else None
-        why = (done.stderr.strip().splitlines() or ["no output"])[-1] if results is None else ""
-    except subprocess.TimeoutExpired:
-        results, why = None, f"the grader's test pass took more than {TIMEOUT_S} s"
-    except (ValueError, IndexError):
-        results, why = None, "the grader's test pass printed no result"
-    finally:
-        spec_path.unlink(missing_ok=True)
+    env = sandbox.run_environment(folder / "empty", "checks")
+    code, stdout, stderr = sandbox.run_isolated(sandbox.trusted_python("autograder.checks", str(spec_path)),
+                                                folder, cwd=folder / "empty", timeout_s=TIMEOUT_S, env=env, hide=hide,
+                                                work_parent=work_parent, isolate=isolate)
+    results, why = None, ""
+    if code is None:
+        why = f"the grader's test pass took more than {TIMEOUT_S} s"
+    elif code != 0:
+        why = (stderr.strip().splitlines() or ["no output"])[-1]
+    else:
+        try:
+            results = json.loads(stdout.strip().splitlines()[-1])
+            if not (isinstance(results, list) and [r.get("grade_id") for r in results]
+                    == [t["grade_id"] for t in tests]):
+                results, why = None, "the grader's test pass printed no result"
+        except (ValueError, IndexError, AttributeError):
+            why = "the grader's test pass printed no result"
     if results is None:
         return [{"grade_id": t["grade_id"], "passed": False, "ename": "GraderTestError",
                  "evalue": f"the test could not run: {why}"[:MAX_STDOUT], "stdout": ""} for t in tests]

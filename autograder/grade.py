@@ -86,6 +86,7 @@ class Verdict:
     total_seconds: float = 0.0           # everything the grader did for this submission
     epochs: list = field(default_factory=list)  # [{epoch, seconds, accuracy, rejected}]
     restored_cells: list = field(default_factory=list)
+    review: str = ""                     # why the instructor should look before the pass counts
     peak_memory_mb: float = 0.0
     isolation: str = ""
     profile: str = ""
@@ -178,7 +179,7 @@ class CohortGrader:
 
     def write_data(self, student: str, folder: Path) -> None:
         """The submission's data folder: the template, its training images reordered and a few left out."""
-        shutil.copytree(self.data_template, folder)
+        shutil.copytree(self.data_template, folder, dirs_exist_ok=True)
         seed = int.from_bytes(hashlib.sha256(f"{self.secret}:{student}".encode()).digest()[:16], "big")
         rng = np.random.default_rng(seed)
         n = len(self.x_train)
@@ -233,16 +234,18 @@ class CohortGrader:
             tags = cell.metadata.setdefault("tags", [])
             if "raises-exception" not in tags:
                 tags.append("raises-exception")
-        work = Path(tempfile.mkdtemp(prefix=f"{student[:20]}-", dir=self.work_root))
+        name = f"{self.notebook_id}.ipynb"
+        tag = f"{student[:20]}-{secrets.token_hex(4)}"
+        work = sandbox.RunFolder(self.work_root / tag)
+        keep = self.work_root / f"{tag}-kept"  # the grader's: copies of the run's files
         try:
-            self.write_data(student, work / "data")
-            (work / "output").mkdir()
-            nbformat.write(notebook, work / f"{self.notebook_id}.ipynb")
-            parameters = {"workers": self.profile.workers, "profile": self.profile.name, "data_dir": "data",
-                          "output_dir": "output", "time_budget_s": float(self.profile.time_budget_s),
+            self.write_data(student, work.data)
+            nbformat.write(notebook, work.nb / name)
+            parameters = {"workers": self.profile.workers, "profile": self.profile.name,
+                          "data_dir": str(work.data), "output_dir": str(work.output),
+                          "time_budget_s": float(self.profile.time_budget_s),
                           "target_accuracy": float(self.profile.target_accuracy)}
-            run = sandbox.run_notebook(work / f"{self.notebook_id}.ipynb", parameters,
-                                       output_dir=work / "output", timeout_s=self.timeout_s,
+            run = sandbox.run_notebook(work, name, parameters, keep=keep, timeout_s=self.timeout_s,
                                        memory_limit_mb=self.profile.memory_limit_mb, hide=self.hidden,
                                        work_parent=self.work_root, isolate=self.isolate)
             verdict.notebook_seconds = run.seconds
@@ -255,21 +258,31 @@ class CohortGrader:
             elif len(run.horovod_workers) != self.profile.workers:
                 verdict.reasons.append(f"the grader saw {len(run.horovod_workers)} Horovod worker(s); the "
                                        f"profile runs {self.profile.workers}: keep launch.run(train, workers)")
-            _remove_links(work / "output")
-            verdict.discarded_facts = keep_worker_facts(work / "output", run.horovod_workers)
+            facts, verdict.discarded_facts = vet_facts(
+                sandbox.read_outputs(work.output, r"facts-\d+\.json", MAX_FACTS_BYTES, run.worker_uid),
+                run.horovod_workers)
             if verdict.discarded_facts:
                 verdict.notes.append(f"{verdict.discarded_facts} facts file(s) not written by a Horovod worker "
-                                     "the grader saw were discarded")
-            executed = nbformat.reads(run.notebook, as_version=4) if run.notebook else notebook
-            self.run_tests_cleanly(executed, work, parameters)
-            epochs = self.measurer.measure(work / "output", run.epoch_seen_s)
+                                     "the grader started were discarded")
+            if run.rewritten:
+                verdict.notes.append(f"epoch file(s) {', '.join(map(str, run.rewritten))} changed after the grader "
+                                     "first saw them: each epoch was measured as it was when it appeared")
+            executed, altered = merge_outputs(notebook, run.notebook)
+            if altered:
+                verdict.notes.append(f"the executed notebook came back altered ({altered}): its outputs were dropped")
+            if run.status == "ok":
+                self.run_tests_cleanly(executed, facts, parameters, tag)
+            epochs = self.measurer.measure(run.epoch_files, run.epoch_seen_s, run.epoch_rejected)
         finally:
-            shutil.rmtree(work, ignore_errors=True)
+            work.remove()
+            shutil.rmtree(keep, ignore_errors=True)
 
-        outcome = measure.decide(epochs, self.profile.target_accuracy, self.profile.time_budget_s)
+        outcome = measure.decide(epochs, self.profile.target_accuracy, self.profile.time_budget_s,
+                                 first_epoch_accuracy=self.profile.first_epoch_accuracy)
         verdict.epochs = [asdict(e) for e in outcome.epochs]
         verdict.accuracy = outcome.best_accuracy
         verdict.reached_seconds = outcome.reached_seconds
+        verdict.review = outcome.review
 
         why = run.reason or "an earlier cell failed"
         course_mod.mark_unexecuted_tests(executed, why)
@@ -289,23 +302,34 @@ class CohortGrader:
             verdict.passed = False
         return self._finish(verdict, executed, started)
 
-    def run_tests_cleanly(self, executed, work: Path, parameters: dict) -> None:
-        """Replace the outputs of the test cells that ran with those of a clean run of their locked source."""
-        ran = [c for c in course_mod.grade_cells(executed)
-               if c.metadata["nbgrader"]["grade_id"] != course_mod.OUTCOME_CELL
-               and c.get("execution_count") is not None
-               and c.metadata.get("papermill", {}).get("status") in ("completed", "failed")]
-        if not ran:
+    def run_tests_cleanly(self, executed, facts: dict[str, bytes], parameters: dict, tag: str) -> None:
+        """Replace the outputs of the test cells with those of a clean run of their locked source.
+
+        The pass runs in the sandbox (unprivileged, no network, the course hidden), in ``python -I``
+        from an empty folder, with an allow-listed environment; it sees the data and only the facts
+        files the grader kept (``facts``), in a folder of the grader's.
+        """
+        tests_cells = [c for c in course_mod.grade_cells(executed)
+                       if c.metadata["nbgrader"]["grade_id"] != course_mod.OUTCOME_CELL]
+        if not tests_cells:
             return
         cells = self.context_cells
         tests = [{"grade_id": c.metadata["nbgrader"]["grade_id"],
-                  "source": cells[c.metadata["nbgrader"]["grade_id"]].source} for c in ran]
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("MGPU_", "JUPYTER"))}
-        env.update(PYTHONPATH=str(sandbox.REPO_ROOT), TF_CPP_MIN_LOG_LEVEL="2",
-                   MGPU_DATA_DIR=str(work / ".no-data-cache"))
-        results = checks.run_tests(work, cells[course_mod.PARAMETERS_CELL].source, parameters,
-                                   [cells[g].source for g in course_mod.CONTEXT_CELLS], tests, env)
-        for cell, result in zip(ran, results):
+                  "source": cells[c.metadata["nbgrader"]["grade_id"]].source} for c in tests_cells]
+        folder = self.work_root / f"{tag}-checks"
+        try:
+            (folder / "output").mkdir(parents=True)
+            (folder / "empty").mkdir()
+            shutil.copytree(self.data_template, folder / "data", copy_function=_link_or_copy)
+            for name, data in facts.items():
+                (folder / "output" / name).write_bytes(data)
+            parameters = dict(parameters, data_dir=str(folder / "data"), output_dir=str(folder / "output"))
+            results = checks.run_tests(folder, cells[course_mod.PARAMETERS_CELL].source, parameters,
+                                       [cells[g].source for g in course_mod.CONTEXT_CELLS], tests,
+                                       hide=self.hidden, work_parent=self.work_root, isolate=self.isolate)
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+        for cell, result in zip(tests_cells, results):
             outputs = []
             if result["stdout"]:
                 outputs.append(nbformat.v4.new_output("stream", name="stdout", text=result["stdout"]))
@@ -313,6 +337,8 @@ class CohortGrader:
                 outputs.append(nbformat.v4.new_output("error", ename=result["ename"], evalue=result["evalue"],
                                                       traceback=[f"{result['ename']}: {result['evalue']}"]))
             cell.outputs = outputs
+            cell.execution_count = cell.get("execution_count") or 1
+            cell.metadata.setdefault("papermill", {})["status"] = "completed"
 
     def _finish(self, verdict: Verdict, executed, started: float) -> Verdict:
         timestamp = self.course.submitted_dir(verdict.student) / "timestamp.txt"
@@ -366,35 +392,74 @@ def course_secret(course_root: Path) -> int:
     return int(path.read_text().strip(), 16)
 
 
-def _remove_links(folder: Path) -> None:
-    """Delete symbolic links and special files the run left in its output folder (never followed)."""
-    for path in Path(folder).iterdir():
-        if path.is_symlink() or not (path.is_file() or path.is_dir()):
-            path.unlink(missing_ok=True)
+def merge_outputs(canonical, executed_json: str | None) -> tuple["nbformat.NotebookNode", str]:
+    """The notebook to grade: the grader's own ``canonical`` notebook with the run's outputs of the
+    cells that are not graded, and what was wrong with the run's notebook ('' when nothing).
 
-
-def keep_worker_facts(output_dir: Path, workers: dict[int, dict]) -> int:
-    """Delete the facts files no Horovod worker the sandbox saw could have written; returns how many.
-
-    A facts file must name the pid of a process horovodrun started, and when it claims a Horovod
-    job (size > 1) its rank and size must be those horovodrun gave that process. A file written by
-    the kernel, by a process the student started, or claiming another job is discarded.
+    The executed notebook comes from inside the run and is hostile data: only well-formed outputs
+    of cells whose source is the one the grader ran are taken; graded cells take nothing from it
+    (their outputs come from the clean test pass and the grader's measurement).
     """
-    discarded = 0
-    for path in sorted(Path(output_dir).glob("facts-*.json")):
-        try:
-            facts = json.loads(path.read_bytes()) if path.stat().st_size <= MAX_FACTS_BYTES else None
-            pid = facts.get("pid") if isinstance(facts, dict) else None
-            worker = workers.get(pid) if isinstance(pid, int) else None
-            ok = worker is not None and path.name == f"facts-{pid}.json"
-            if ok and facts.get("horovod_size") != 1:
-                ok = facts.get("horovod_size") == worker["size"] and facts.get("rank") == worker["rank"]
-        except (OSError, ValueError, RecursionError):
-            ok = False
-        if not ok:
-            path.unlink(missing_ok=True)
+    notebook = nbformat.from_dict(canonical)
+    for cell in course_mod.grade_cells(notebook):
+        cell.outputs, cell.execution_count = [], None
+        cell.metadata.pop("papermill", None)
+    if not executed_json:
+        return notebook, ""
+    try:
+        executed = nbformat.reads(executed_json, as_version=4)
+        nbformat.validate(executed)
+        # Only code cells carry outputs; papermill adds one (tagged injected-parameters) with the
+        # grader's parameters, and markdown cells around a failed cell.
+        theirs = [c for c in executed.cells
+                  if c.cell_type == "code" and "injected-parameters" not in c.metadata.get("tags", [])]
+    except Exception as error:  # noqa: BLE001 - nbformat raises several types for malformed notebooks
+        return notebook, f"not a valid notebook: {type(error).__name__}"
+    mine = [c for c in notebook.cells if c.cell_type == "code"]
+    if len(theirs) != len(mine):
+        return notebook, f"{len(theirs)} code cells instead of {len(mine)}"
+    graded = {id(c) for c in course_mod.grade_cells(notebook)}
+    pairs = [(cell, ran) for cell, ran in zip(mine, theirs) if id(cell) not in graded]
+    if any(ran.source != cell.source for cell, ran in pairs):
+        return notebook, "a cell's source differs from the one the grader ran"
+    for cell, ran in pairs:
+        cell.outputs, cell.execution_count = ran.get("outputs", []), ran.get("execution_count")
+    return notebook, ""
+
+
+def _link_or_copy(source: str, destination: str) -> None:
+    try:
+        os.link(source, destination)
+    except OSError:
+        shutil.copy2(source, destination)
+
+
+def vet_facts(files: dict[str, "bytes | sandbox.Rejected"], workers: dict[int, dict]) -> tuple[dict[str, bytes], int]:
+    """The facts files a Horovod worker the grader started wrote, and how many others were discarded.
+
+    ``files`` are the run's ``facts-<pid>.json`` as the sandbox read them (regular files, owned by
+    the workers' user when the launch service ran). A file must name the pid of a worker the
+    sandbox saw, in its name and its content, and when it claims a Horovod job (size > 1) its rank
+    and size must be those horovodrun gave that process. Anything else is discarded.
+    """
+    kept, discarded = {}, 0
+    for name, data in sorted(files.items()):
+        ok = False
+        if isinstance(data, bytes):
+            try:
+                facts = json.loads(data)
+                pid = facts.get("pid") if isinstance(facts, dict) else None
+                worker = workers.get(pid) if isinstance(pid, int) and not isinstance(pid, bool) else None
+                ok = worker is not None and name == f"facts-{pid}.json"
+                if ok and facts.get("horovod_size") != 1:
+                    ok = facts.get("horovod_size") == worker["size"] and facts.get("rank") == worker["rank"]
+            except (ValueError, RecursionError):
+                ok = False
+        if ok:
+            kept[name] = data
+        else:
             discarded += 1
-    return discarded
+    return kept, discarded
 
 
 def _inside(path: Path, folder: Path) -> bool:
@@ -442,12 +507,16 @@ def _exclusive(path: Path, busy_message: str):
 
 
 def remove_stale_work_folders() -> int:
-    """Delete the work folders of graders that were killed (their lock is free); returns how many."""
+    """Delete the work folders of graders that were killed (their lock is free); returns how many.
+
+    Each run's own file system is unmounted first, so nothing inside is followed or kept.
+    """
     removed = 0
     for folder in Path(tempfile.gettempdir()).glob(f"{WORK_PREFIX}*"):
         lock = folder / ".lock"
         try:
             with _exclusive(lock, ""):
+                sandbox.unmount_stale(folder)
                 shutil.rmtree(folder, ignore_errors=True)
                 removed += 1
         except (course_mod.CourseError, OSError):
@@ -646,6 +715,7 @@ def _grade_locked(grader: CohortGrader, submissions, force: bool, jobs, progress
                         bar.update()
                 bar.close()
         finally:
+            sandbox.unmount_stale(work_root)
             shutil.rmtree(work_root, ignore_errors=True)
         if disk_full is not None:
             raise OSError(errno.ENOSPC, str(disk_full))

@@ -6,6 +6,12 @@ ever loaded), then for each ``epoch_XXX.npz`` sets the weights with
 :func:`mgpu.assessment.load_epoch_weights` and computes the accuracy on the held-out test images,
 whose labels never left the grader. :func:`decide` applies the criterion: measured accuracy >=
 target for 2 consecutive epochs, the second one seen (grader's clock) within the budget.
+
+The files measured are the grader's own copies, taken by the sandbox the moment each epoch file
+first appeared, so an epoch's accuracy and its time are those of the same weights. Two epochs
+are two epochs of training only if the weights moved between them: an epoch whose weights are
+identical (or nearly, :data:`MIN_EPOCH_CHANGE`) to the previous epoch's does not extend a streak.
+A run whose first saved epoch is already at the target is held for the instructor's review.
 """
 
 from __future__ import annotations
@@ -18,6 +24,12 @@ import numpy as np
 
 from mgpu import assessment
 
+#: Smallest relative change of the weights, ||w_e - w_(e-1)|| / ||w_(e-1)||, for epoch e to count as
+#: an epoch of training after epoch e-1. Measured (``python benchmarks/epoch_changes.py``) on
+#: reference runs with 2 and 4 workers: the smallest change between two epochs was 0.025; 1e-3 is
+#: 25x below that, and far above a copy with noise added that leaves the accuracy as it was.
+MIN_EPOCH_CHANGE = 1e-3
+
 
 @dataclass
 class EpochMeasurement:
@@ -26,6 +38,7 @@ class EpochMeasurement:
     accuracy: float | None         # None when the file was rejected
     rejected: str = ""             # why, in one line
     weights_sha256: str = ""       # of the weights as loaded (shapes and float32 bytes), for copies
+    change: float | None = None    # relative change of the weights since the previous epoch's file
 
 
 @dataclass
@@ -36,6 +49,7 @@ class Outcome:
     reached_epoch: int | None = None
     reached_seconds: float | None = None
     best_accuracy: float | None = None
+    review: str = ""               # why the instructor should look before this counts as a pass
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -58,51 +72,76 @@ class Measurer:
 
     def accuracy_and_hash(self, weights_file: Path) -> tuple[float, str]:
         """(held-out accuracy, SHA-256 of the weights as loaded); raises :class:`assessment.WeightsRejected`."""
+        accuracy, digest, _ = self._measure(weights_file)
+        return accuracy, digest
+
+    def _measure(self, weights_file: Path) -> tuple[float, str, np.ndarray]:
         import hashlib
 
         import tensorflow as tf
 
         with self._lock:
             assessment.load_epoch_weights(weights_file, self.model)
+            weights = self.model.get_weights()
             digest = hashlib.sha256()
-            for weight in self.model.get_weights():
+            for weight in weights:
                 digest.update(str(weight.shape).encode())
                 digest.update(np.ascontiguousarray(weight, dtype=np.float32).tobytes())
             correct = 0
             for start in range(0, len(self.x_test), 1000):
                 batch = tf.constant(self.x_test[start:start + 1000])
                 correct += int(np.sum(self._predict(batch).numpy() == self.y_test[start:start + 1000]))
-        return correct / len(self.x_test), digest.hexdigest()
+        flat = np.concatenate([np.ravel(w).astype(np.float64) for w in weights])
+        return correct / len(self.x_test), digest.hexdigest(), flat
 
-    def measure(self, output_dir: Path, seen_s: dict[int, float]) -> list[EpochMeasurement]:
-        measured = []
-        for epoch, path in assessment.epoch_files(output_dir).items():
+    def measure(self, files: dict[int, Path], seen_s: dict[int, float],
+                rejected: dict[int, str] | None = None) -> list[EpochMeasurement]:
+        """Measure the grader's copies of the epoch files (``{epoch: path}``), with when each was seen."""
+        measured = [EpochMeasurement(epoch, seen_s.get(epoch, float("nan")), None, why)
+                    for epoch, why in (rejected or {}).items()]
+        previous: tuple[int, np.ndarray] | None = None
+        for epoch, path in sorted(files.items()):
             seconds = seen_s.get(epoch, float("nan"))
             try:
-                accuracy, digest = self.accuracy_and_hash(path)
-                measured.append(EpochMeasurement(epoch, seconds, accuracy, weights_sha256=digest))
+                accuracy, digest, flat = self._measure(path)
             except assessment.WeightsRejected as error:
                 measured.append(EpochMeasurement(epoch, seconds, None, str(error)))
-        return measured
+                continue
+            change = None
+            if previous is not None and previous[0] == epoch - 1:
+                change = float(np.linalg.norm(flat - previous[1]) / (np.linalg.norm(previous[1]) + 1e-12))
+            measured.append(EpochMeasurement(epoch, seconds, accuracy, weights_sha256=digest, change=change))
+            previous = (epoch, flat)
+        return sorted(measured, key=lambda e: e.epoch)
 
 
 def decide(epochs: list[EpochMeasurement], target: float, budget_s: float,
-           consecutive: int = assessment.CONSECUTIVE_EPOCHS) -> Outcome:
-    """The verdict on the grader's measurements alone."""
+           consecutive: int = assessment.CONSECUTIVE_EPOCHS, first_epoch_accuracy: float = 0.0) -> Outcome:
+    """The verdict on the grader's measurements alone (``first_epoch_accuracy``: the reference's)."""
     if not epochs:
         return Outcome(False, "no weights saved: no epoch finished with protected_callbacks() in "
                               "model.fit, so there is nothing to measure")
     rejected = [e for e in epochs if e.accuracy is None]
     valid = [e for e in epochs if e.accuracy is not None]
     best = max((e.accuracy for e in valid), default=None)
+    still = [e.epoch for e in valid if e.change is not None and e.change < MIN_EPOCH_CHANGE]
     streak, previous = 0, None
     for e in sorted(epochs, key=lambda e: e.epoch):
-        ok = e.accuracy is not None and e.accuracy >= target
+        ok = e.accuracy is not None and e.accuracy >= target and e.epoch not in still
         streak = streak + 1 if ok and previous is not None and e.epoch == previous + 1 else int(ok)
         previous = e.epoch
         if streak >= consecutive:
             outcome = Outcome(e.seconds <= budget_s, "", epochs, e.epoch, e.seconds, best)
-            if outcome.passed:
+            first = min(valid, key=lambda v: v.epoch)
+            if outcome.passed and first.accuracy >= target:
+                outcome.passed = False
+                outcome.review = (f"held for review: the first epoch the run saved (epoch {first.epoch}, seen at "
+                                  f"{first.seconds:.0f} s) was already at {first.accuracy:.3f} >= {target:.3f}, "
+                                  f"after less training than the reference's first epoch (which reaches "
+                                  f"{first_epoch_accuracy:.2f}): weights brought in from outside? The instructor "
+                                  "decides")
+                outcome.reason = outcome.review
+            elif outcome.passed:
                 outcome.reason = (f"accuracy >= {target:.3f} target for {consecutive} consecutive epochs "
                                   f"at epoch {e.epoch}, {e.seconds:.0f} s <= {budget_s:.0f} s budget")
             else:
@@ -116,6 +155,9 @@ def decide(epochs: list[EpochMeasurement], target: float, budget_s: float,
                   "consecutive epochs")
     else:
         reason = f"accuracy {best:.3f} < {target:.3f} target (best of {len(valid)} saved epochs)"
+    if still:
+        reason += (f"; epoch(s) {', '.join(map(str, still))} did not count: their weights are (nearly) those of "
+                   "the epoch before, so no training happened between them")
     if rejected:
         reason += f"; {len(rejected)} epoch file(s) rejected: {rejected[0].rejected}"
     return Outcome(False, reason, epochs, best_accuracy=best)

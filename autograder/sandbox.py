@@ -22,17 +22,32 @@
   they start), then every task in the run's cgroups, then any child left. If the grader itself
   dies, ``setpriv --pdeathsig`` and ``unshare --kill-child`` take the run's PID namespace with it.
 
-While the notebook runs, the watchdog also records when each ``epoch_XXX.npz`` first appears in
-the output folder, in seconds since the run started (the time axis of the grader's
-measurements), and which processes were Horovod workers (``HOROVOD_RANK`` and ``HOROVOD_SIZE`` in
-their environment, as horovodrun starts them), with their pid inside the run's PID namespace.
+Each run has **its own small file system** (:class:`RunFolder`: a tmpfs with a size and an inode
+quota, so a run that fills its disk fails alone) laid out as ``nb/`` (the notebook, the kernel's
+working folder, its home), ``data/`` (read-only) and ``output/`` (writable only by the workers), a
+private ``/tmp`` and ``/dev/shm``, and an **allow-listed environment** (:func:`run_environment`:
+nothing of the grader's own environment, no instructor's tokens).
+
+The kernel runs as ``RUN_UID``; the Horovod workers are started by the sandbox's launch service
+(:mod:`autograder.launch_service`) as ``WORKER_UID``, a user the kernel cannot impersonate. The
+grader counts as Horovod workers only processes of that user with ``HOROVOD_RANK`` and
+``HOROVOD_SIZE`` in their environment, and takes facts and weights only from files that user owns.
+
+While the notebook runs, the watchdog **copies each** ``epoch_XXX.npz`` **the moment it first sees
+it** into a folder of the grader's (read without following links, regular files only, size
+capped), with the time in seconds since the run started: an epoch is measured as it was when its
+time was taken, and a later rewrite is reported and ignored.
 """
 
 from __future__ import annotations
 
+import errno
+import hashlib
 import json
 import os
+import re
 import shlex
+import stat
 import shutil
 import signal
 import subprocess
@@ -69,6 +84,25 @@ CGROUP_PREFIX = "mgpu-grade-"
 #: overrides; ``-`` keeps root, for debugging only). Without root it cannot undo the mounts that
 #: hide the course, nor read the signing key even if it could see it.
 RUN_UID = os.environ.get("MGPU_GRADE_UID", "65534")
+#: The user the launch service starts the Horovod workers as: the kernel (``RUN_UID``) cannot
+#: become it, signal it, trace it or write its files.
+WORKER_UID = os.environ.get("MGPU_GRADE_WORKER_UID", "65533")
+#: The run's own file system (tmpfs): its size and how many files and folders it may hold. The
+#: reference run uses a few MB and under a hundred inodes (data, notebook, ten epoch files, the
+#: kernel's home); the caps leave room for honest runs and stop a run from filling the grader's disk.
+RUN_DISK_MB, RUN_INODES = 512, 4096
+#: The private /tmp and /dev/shm of a run (tmpfs, charged to the run's memory cgroup).
+TMP_MB, TMP_INODES, SHM_MB = 512, 8192, 256
+#: Where the launch service takes jobs (in the run's private /tmp).
+LAUNCH_SPOOL = "/tmp/mgpu-launch"
+#: Most bytes of the result pipe kept (the executed notebook: at most 5 MB in, plus outputs).
+MAX_RESULT_BYTES = 64 * 2**20
+#: Largest epoch file the watchdog copies (as mgpu.assessment.MAX_WEIGHTS_BYTES).
+MAX_EPOCH_BYTES = assessment.MAX_WEIGHTS_BYTES
+#: Variables of the grader's environment a run may see (their values are the grader's); every other
+#: one is dropped.
+PASSED_VARIABLES = ("LANG", "LC_ALL", "TZ", "LD_LIBRARY_PATH", "CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES",
+                    "NCCL_SOCKET_IFNAME", "OMP_NUM_THREADS")
 
 
 def _closed_ancestor(path: Path) -> Path | None:
@@ -82,7 +116,8 @@ def _closed_ancestor(path: Path) -> Path | None:
     return None
 
 
-def isolation_script(work: Path, parent: Path, hidden: list[Path], needed: list[Path], uid: str) -> str:
+def isolation_script(work: Path, parent: Path, hidden: list[Path], needed: list[Path], uid: str,
+                     launch_service: bool = False) -> str:
     """The shell script run as root inside the new namespaces, then as ``uid`` (every path quoted).
 
     1. loopback up; this run's work folder bound aside;
@@ -90,7 +125,9 @@ def isolation_script(work: Path, parent: Path, hidden: list[Path], needed: list[
        open tmpfs into which only those paths are bound back;
     3. the hidden folders are covered by empty read-only tmpfs mounts;
     4. the folder of every run's work folder is covered, and this run's bound back;
-    5. root is dropped (``setpriv``: new uid and gid, no groups, no capabilities, no new privileges).
+    5. a private ``/tmp`` and ``/dev/shm`` (tmpfs with size and inode caps);
+    6. with ``launch_service``, the launch service starts, as root, in the background;
+    7. root is dropped (``setpriv``: new uid and gid, no groups, no capabilities, no new privileges).
     """
     q = shlex.quote
     lines = ["set -e", "ip link set lo up", "keep=$(mktemp -d /dev/shm/mgpu-keep.XXXXXX 2>/dev/null || mktemp -d)",
@@ -108,11 +145,19 @@ def isolation_script(work: Path, parent: Path, hidden: list[Path], needed: list[
         for index, path in enumerate(paths):
             lines += [f"mkdir -p {q(str(path))}", f"mount --bind \"$k{number}_{index}\" {q(str(path))}",
                       f"umount \"$k{number}_{index}\"", f"rmdir \"$k{number}_{index}\""]
-    # (a hidden folder under a closed one is already out of sight: the open tmpfs does not hold it)
+    # A private /tmp first: whatever the host keeps there (other runs, this grader's work folders)
+    # is gone; the run's own folder is bound back below.
+    lines.append(f"mount -t tmpfs -o size={TMP_MB}m,nr_inodes={TMP_INODES},mode=1777 tmpfs /tmp")
+    # (a hidden folder under a closed one, or under /tmp, is already out of sight)
     lines += [f"if [ -d {q(str(h))} ]; then mount -t tmpfs -o size=64k,mode=0555 tmpfs {q(str(h))}; fi"
               for h in hidden]
-    lines += [f"mount -t tmpfs -o mode=0755 tmpfs {q(str(parent))}", f"mkdir -p {q(str(work))}",
-              f"mount --bind \"$keep\" {q(str(work))}", "umount \"$keep\"", "rmdir \"$keep\""]
+    lines += [f"mkdir -p {q(str(parent))}", f"mount -t tmpfs -o mode=0755 tmpfs {q(str(parent))}",
+              f"mkdir -p {q(str(work))}", f"mount --bind \"$keep\" {q(str(work))}", "umount \"$keep\"",
+              "rmdir \"$keep\"", f"mount -t tmpfs -o size={SHM_MB}m,nr_inodes={TMP_INODES},mode=1777 tmpfs /dev/shm"]
+    if launch_service and uid != "-":
+        service = REPO_ROOT / "autograder" / "launch_service.py"
+        lines.append(f"{q(sys.executable)} -I {q(str(service))} {LAUNCH_SPOOL} {q(uid)} {q(WORKER_UID)} "
+                     "</dev/null >/dev/null 2>&1 &")
     if uid != "-":
         lines.append(f"exec setpriv --reuid={q(uid)} --regid={q(uid)} --clear-groups --no-new-privs "
                      "--bounding-set=-all --inh-caps=-all \"$@\"")
@@ -144,15 +189,75 @@ def _die_with(grader_pid: int):
     return arm
 
 
-def _give_to(uid: str, folder: Path) -> None:
-    """Make ``folder`` (the run's work folder) and everything in it the run user's."""
-    if uid == "-" or os.geteuid() != 0:
+def _chown(path: Path, uid: str) -> None:
+    if uid != "-" and os.geteuid() == 0:
+        os.chown(path, int(uid), int(uid), follow_symlinks=False)
+
+
+class RunFolder:
+    """One run's own small file system: ``nb/`` (the kernel's), ``data/`` (read-only), ``output/`` (the workers').
+
+    As root, a tmpfs of :data:`RUN_DISK_MB` and :data:`RUN_INODES` is mounted on ``root`` in the
+    grader's mount namespace (the run's namespace inherits it, and the grader reads it from
+    outside); ``root`` itself is root's and read-only to the run, so the run can neither replace
+    ``output/`` or ``data/`` nor fill the grader's disk. Without root it is a plain folder.
+    """
+
+    def __init__(self, root: Path, disk_mb: int = RUN_DISK_MB, inodes: int = RUN_INODES):
+        self.root = Path(root)
+        self.root.mkdir(parents=True)
+        self.mounted = False
+        if os.geteuid() == 0 and shutil.which("mount"):
+            done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={disk_mb}m,nr_inodes={inodes},mode=0755",
+                                   "mgpu-run", str(self.root)], capture_output=True)
+            self.mounted = done.returncode == 0
+        for folder, owner in ((self.nb, RUN_UID), (self.data, "-"), (self.output, WORKER_UID)):
+            folder.mkdir()
+            _chown(folder, owner)
+        (self.nb / ".home").mkdir()
+        _chown(self.nb / ".home", RUN_UID)
+
+    nb = property(lambda self: self.root / "nb")
+    data = property(lambda self: self.root / "data")
+    output = property(lambda self: self.root / "output")
+
+    def remove(self) -> None:
+        """Unmount and delete (links inside are removed, never followed)."""
+        if self.mounted:
+            subprocess.run(["umount", "-l", str(self.root)], capture_output=True)
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+def unmount_stale(folder: Path) -> None:
+    """Unmount what a killed grader left mounted at or under ``folder`` (before deleting it)."""
+    try:
+        mounts = Path("/proc/self/mounts").read_text().splitlines()
+    except OSError:
         return
-    number = int(uid)
-    for root, dirs, files in os.walk(folder):
-        os.chown(root, number, number)
-        for name in dirs + files:
-            os.chown(os.path.join(root, name), number, number, follow_symlinks=False)
+    prefix = str(Path(folder).resolve())
+    points = [line.split()[1] for line in mounts if len(line.split()) > 1]
+    for point in sorted((p for p in points if p == prefix or p.startswith(prefix + "/")), reverse=True):
+        subprocess.run(["umount", "-l", point], capture_output=True)
+
+
+def run_environment(nb: Path, marker: str, extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The whole environment of a run: an allow-list, never the grader's own variables."""
+    env = {k: os.environ[k] for k in PASSED_VARIABLES if k in os.environ}
+    env.setdefault("LANG", "C.UTF-8")
+    env.update({
+        GRADE_MARKER: marker,
+        "PATH": os.pathsep.join([str(Path(sys.executable).parent), "/usr/local/bin", "/usr/bin", "/bin"]),
+        "PYTHONPATH": str(REPO_ROOT),
+        "HOME": str(nb / ".home"),
+        "TMPDIR": "/tmp",
+        "MGPU_DATA_DIR": str(nb / ".no-data-cache"),  # the course's cache (test split) is not theirs
+        "MGPU_BUILD_DIR": str(nb / "build"),
+        "MPLBACKEND": "Agg",
+        "TF_CPP_MIN_LOG_LEVEL": "2",
+        "PYTHONUNBUFFERED": "1",
+    })
+    env.update(extra or {})
+    return env
 
 
 UNSHARE = ["unshare", "--net", "--mount", "--pid", "--fork", "--kill-child", "--mount-proc",
@@ -333,11 +438,16 @@ class RunResult:
     seconds: float              # from starting the child to its end (or kill)
     notebook: str | None        # the executed notebook (JSON) as papermill left it, via the pipe
     epoch_seen_s: dict[int, float] = field(default_factory=dict)  # epoch -> first seen (s)
+    #: epoch -> the grader's copy of the file as it was when first seen (in the caller's ``keep``)
+    epoch_files: dict[int, Path] = field(default_factory=dict)
+    epoch_rejected: dict[int, str] = field(default_factory=dict)  # epoch -> why it was not copied
+    rewritten: list[int] = field(default_factory=list)  # epochs whose file changed after it was seen
     peak_memory_mb: float = 0.0
     isolation: str = ""         # '' when isolated, else the note saying why not
     #: Horovod workers the grader saw: pid in the run's namespace -> {"rank", "size", "host_pid"}
     horovod_workers: dict[int, dict] = field(default_factory=dict)
     tasks_peak: int = 0         # most tasks at once in the run's pids cgroup (0: no cgroup)
+    worker_uid: int | None = None  # the workers' user, when the launch service started them
 
 
 def _tree(root: psutil.Process) -> list[psutil.Process]:
@@ -368,9 +478,15 @@ def _namespace_pid(pid: int) -> int:
     return pid
 
 
-def _horovod_worker(proc: psutil.Process) -> dict | None:
-    """``{"rank", "size", "host_pid"}`` when horovodrun started ``proc`` as a worker, else None."""
+def _horovod_worker(proc: psutil.Process, worker_uid: int | None) -> dict | None:
+    """``{"rank", "size", "host_pid"}`` when ``proc`` is a Horovod worker the launch service started.
+
+    With the launch service (``worker_uid``), only processes of the workers' user count: the
+    kernel can start processes with Horovod's variables, but not as that user.
+    """
     try:
+        if worker_uid is not None and proc.uids().real != worker_uid:
+            return None
         env = proc.environ()
         if "HOROVOD_RANK" not in env:
             return None
@@ -380,8 +496,9 @@ def _horovod_worker(proc: psutil.Process) -> dict | None:
         return None
 
 
-def _spot_workers(root: psutil.Process, popen: subprocess.Popen, workers: dict[int, dict]) -> None:
-    """Until the run ends: note every process horovodrun starts, by its pid in the run's namespace."""
+def _spot_workers(root: psutil.Process, popen: subprocess.Popen, workers: dict[int, dict],
+                  worker_uid: int | None) -> None:
+    """Until the run ends: note every Horovod worker, by its pid in the run's namespace."""
     checked: set[int] = set()
     while popen.poll() is None:
         for proc in _tree(root):
@@ -394,10 +511,124 @@ def _spot_workers(root: psutil.Process, popen: subprocess.Popen, workers: dict[i
             except psutil.Error:
                 continue
             checked.add(proc.pid)
-            worker = _horovod_worker(proc)
+            worker = _horovod_worker(proc, worker_uid)
             if worker is not None:
                 workers[_namespace_pid(proc.pid)] = worker
         time.sleep(POLL_SECONDS)
+
+
+class Rejected(ValueError):
+    """A file of the run the grader will not take; the message says why, in one line."""
+
+
+def read_regular(folder_fd: int, name: str, max_bytes: int, owner: int | None = None) -> bytes:
+    """The bytes of ``name`` in the folder open as ``folder_fd``, read as hostile data.
+
+    Never follows a link and never blocks: only a regular file of at most ``max_bytes`` (counted
+    while reading, not trusted from a stat), owned by ``owner`` when given; otherwise
+    :class:`Rejected` with the reason.
+    """
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=folder_fd)
+    except OSError as error:
+        if error.errno == errno.ELOOP:
+            raise Rejected(f"{name} is a link, not a file: save with the locked callback") from None
+        raise Rejected(f"{name} could not be opened ({error.strerror})") from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise Rejected(f"{name} is not a regular file (a folder, fifo or device)")
+        if owner is not None and info.st_uid != owner:
+            raise Rejected(f"{name} was not written by a Horovod worker the grader started")
+        chunks, total = [], 0
+        while total <= max_bytes:
+            chunk = os.read(fd, 1 << 20)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            total += len(chunk)
+        if total > max_bytes:
+            raise Rejected(f"{name} is larger than the {max_bytes / 1e6:.0f} MB a file may have")
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def read_outputs(output: Path, pattern: str, max_bytes: int, owner: int | None) -> dict[str, bytes | Rejected]:
+    """Every file of ``output`` whose name matches ``pattern`` (a regex): its bytes, or why it was refused."""
+    found: dict[str, bytes | Rejected] = {}
+    try:
+        folder_fd = os.open(output, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return found
+    try:
+        for name in sorted(os.listdir(folder_fd)):
+            if re.fullmatch(pattern, name):
+                try:
+                    found[name] = read_regular(folder_fd, name, max_bytes, owner)
+                except Rejected as error:
+                    found[name] = error
+    finally:
+        os.close(folder_fd)
+    return found
+
+
+class EpochKeeper:
+    """Copies each epoch file of the run the first time it is seen; notes later rewrites."""
+
+    def __init__(self, output: Path, keep: Path, owner: int | None):
+        self.output, self.keep, self.owner = Path(output), Path(keep), owner
+        self.keep.mkdir(parents=True, exist_ok=True)
+        self.seen: dict[int, float] = {}
+        self.files: dict[int, Path] = {}
+        self.rejected: dict[int, str] = {}
+        self._digests: dict[int, str] = {}
+        try:
+            self._fd = os.open(self.output, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            self._fd = None
+
+    def _names(self) -> dict[int, str]:
+        if self._fd is None:
+            return {}
+        try:
+            names = os.listdir(self._fd)
+        except OSError:
+            return {}
+        return {int(m.group(1)): name for name in names if (m := assessment.EPOCH_FILE.match(name))}
+
+    def poll(self, now: float) -> None:
+        for epoch, name in self._names().items():
+            if epoch in self.seen:
+                continue
+            self.seen[epoch] = now
+            try:
+                data = read_regular(self._fd, name, MAX_EPOCH_BYTES, self.owner)
+            except Rejected as error:
+                self.rejected[epoch] = str(error)
+                continue
+            copy = self.keep / name
+            copy.write_bytes(data)
+            self.files[epoch] = copy
+            self._digests[epoch] = hashlib.sha256(data).hexdigest()
+
+    def rewritten(self) -> list[int]:
+        """Epochs whose file is now different from (or gone since) the copy the grader took."""
+        changed = []
+        for epoch, digest in self._digests.items():
+            try:
+                now = read_regular(self._fd, self.files[epoch].name, MAX_EPOCH_BYTES, self.owner)
+                same = hashlib.sha256(now).hexdigest() == digest
+            except Rejected:
+                same = False
+            if not same:
+                changed.append(epoch)
+        return changed
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
 
 def processes_of_runs() -> list[int]:
@@ -451,57 +682,105 @@ def kill_run(popen: subprocess.Popen, marker: str, cgroups: RunCgroups | None = 
         popen.wait()
 
 
-def run_notebook(notebook: Path, parameters: dict, *, output_dir: Path, timeout_s: float,
-                 memory_limit_mb: float, hide: list[Path] = (), work_parent: Path | None = None,
-                 isolate: bool = True, env: dict[str, str] | None = None) -> RunResult:
-    """Execute ``notebook`` (in its own folder) with papermill under the grader's limits."""
-    notebook = Path(notebook).resolve()
-    work = notebook.parent
-    marker = uuid.uuid4().hex
-    child_env = {k: v for k, v in os.environ.items() if not k.startswith(("MGPU_", "JUPYTER"))}
-    home = work / ".home"
-    home.mkdir(exist_ok=True)
-    child_env.update({
-        GRADE_MARKER: marker,
-        "PYTHONPATH": str(REPO_ROOT),
-        "PATH": os.pathsep.join([str(Path(sys.executable).parent), child_env.get("PATH", "")]),
-        "HOME": str(home),
-        "MGPU_DATA_DIR": str(work / ".no-data-cache"),  # the course's cache (test split) is not theirs
-        "MGPU_BUILD_DIR": str(work / "build"),
-        "TF_CPP_MIN_LOG_LEVEL": "2",
-        "PYTHONUNBUFFERED": "1",
-    })
-    child_env.update(env or {})
-    read_end, write_end = os.pipe()
-    command = [sys.executable, "-m", "autograder.execute", str(notebook), str(work / "executed.ipynb"),
-               json.dumps(parameters), "--result-fd", str(write_end)]
-    note = ""
+def trusted_python(module: str, *args: str) -> list[str]:
+    """``python -I`` running the grader's ``module``: no current folder, user site or PYTHON* variable on
+    the import path (a module a run wrote can never stand in for the grader's), only the course's."""
+    code = (f"import sys; sys.path.insert(0, {str(REPO_ROOT)!r}); import runpy; "
+            f"sys.argv[0] = {module!r}; runpy.run_module({module!r}, run_name='__main__', alter_sys=True)")
+    return [sys.executable, "-I", "-c", code, *args]
+
+
+def _wrap(command: list[str], work: Path, *, hide, work_parent: Path | None, isolate: bool,
+          cgroups: "RunCgroups", launch_service: bool) -> tuple[list[str], str, bool]:
+    """``command`` inside the namespaces, as the run's user, in the run's cgroups, dying with the grader.
+
+    Returns ``(argv, note, isolated)``; the note says what isolation is missing ('' when none).
+    """
+    note, isolated = "", False
     if isolate:
         ok, note = isolation_available()
         if ok:
             hidden = [Path(h).resolve() for h in hide if Path(h).exists()]
             parent = (work_parent or work.parent).resolve()
-            script = isolation_script(work, parent, hidden, [*_needed_paths(), parent], RUN_UID)
-            _give_to(RUN_UID, work)
+            script = isolation_script(work, parent, hidden, [*_needed_paths(), parent], RUN_UID, launch_service)
             command = [*UNSHARE, "sh", "-c", script, "isolate", *command]
+            isolated = True
     else:
         note = "isolation switched off by the caller"
-    cgroups = RunCgroups(marker, memory_limit_mb)
     if cgroups.note:
         note = "; ".join(n for n in (note, cgroups.note) if n)
     command = ["sh", "-c", _JOIN, "join", *cgroups.join_files(), "--", *command]
     if shutil.which("setpriv"):  # the run dies with the grader
         command = ["setpriv", "--pdeathsig", "KILL", *command]
+    return command, note, isolated
+
+
+def run_isolated(command: list[str], work: Path, *, cwd: Path, timeout_s: float, env: dict[str, str], hide=(),
+                 work_parent: Path | None = None, isolate: bool = True,
+                 memory_limit_mb: float = 4000) -> tuple[int | None, str, str]:
+    """Run ``command`` in ``cwd`` inside the same sandbox as a notebook (no launch service), seeing
+    ``work`` and not the rest of ``work_parent``.
+
+    Returns ``(returncode, stdout, stderr)``; ``returncode`` is None when it was killed at
+    ``timeout_s``. Nothing it started survives.
+    """
+    marker = uuid.uuid4().hex
+    cgroups = RunCgroups(marker, memory_limit_mb)
+    argv, _, _ = _wrap(command, Path(work), hide=hide, work_parent=work_parent, isolate=isolate,
+                       cgroups=cgroups, launch_service=False)
+    popen = subprocess.Popen(argv, cwd=cwd, env={**env, GRADE_MARKER: marker}, stdin=subprocess.DEVNULL,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, errors="replace",
+                             start_new_session=True, preexec_fn=_die_with(os.getpid()))
+    try:
+        out, err = popen.communicate(timeout=timeout_s)
+        code = popen.returncode
+    except subprocess.TimeoutExpired:
+        out, err, code = "", "", None
+    finally:
+        kill_run(popen, marker, cgroups)
+    return code, out, err
+
+
+def run_notebook(folder: RunFolder, name: str, parameters: dict, *, keep: Path, timeout_s: float,
+                 memory_limit_mb: float, hide: list[Path] = (), work_parent: Path | None = None,
+                 isolate: bool = True, env: dict[str, str] | None = None) -> RunResult:
+    """Execute ``folder.nb/name`` with papermill under the grader's limits.
+
+    Epoch files are copied into ``keep`` (a folder of the grader's) as they first appear.
+    """
+    notebook = folder.nb / name
+    work = folder.root
+    marker = uuid.uuid4().hex
+    child_env = run_environment(folder.nb, marker, env)
+    read_end, write_end = os.pipe()
+    command = trusted_python("autograder.execute", str(notebook), str(folder.nb / "executed.ipynb"),
+                             json.dumps(parameters), "--result-fd", str(write_end))
+    cgroups = RunCgroups(marker, memory_limit_mb)
+    command, note, isolated = _wrap(command, work, hide=hide, work_parent=work_parent, isolate=isolate,
+                                    cgroups=cgroups, launch_service=True)
+    worker_uid = None
+    if isolated and RUN_UID != "-":
+        worker_uid = int(WORKER_UID)
+        child_env["MGPU_LAUNCH_SPOOL"] = LAUNCH_SPOOL
+    else:
+        note = "; ".join(n for n in (note, "no launch service: Horovod workers and their files cannot be "
+                                           "told apart from the kernel's") if n)
 
     chunks: list[bytes] = []
 
-    def read_pipe():
+    def read_pipe():  # the run can write into this pipe too: keep at most MAX_RESULT_BYTES
+        total = 0
         with os.fdopen(read_end, "rb") as pipe:
             for chunk in iter(lambda: pipe.read(1 << 16), b""):
-                chunks.append(chunk)
+                total += len(chunk)
+                if total <= MAX_RESULT_BYTES:
+                    chunks.append(chunk)
+                else:
+                    chunks.clear()
 
+    keeper = EpochKeeper(folder.output, keep, worker_uid)
     started = time.monotonic()
-    popen = subprocess.Popen(command, cwd=work, env=child_env, stdin=subprocess.DEVNULL,
+    popen = subprocess.Popen(command, cwd=folder.nb, env=child_env, stdin=subprocess.DEVNULL,
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                              start_new_session=True, pass_fds=(write_end,),
                              preexec_fn=_die_with(os.getpid()))
@@ -509,7 +788,6 @@ def run_notebook(notebook: Path, parameters: dict, *, output_dir: Path, timeout_
     reader = threading.Thread(target=read_pipe, daemon=True)
     reader.start()
 
-    seen: dict[int, float] = {}
     peak = 0.0
     status = ""
     reason = ""
@@ -517,7 +795,7 @@ def run_notebook(notebook: Path, parameters: dict, *, output_dir: Path, timeout_
     workers: dict[int, dict] = {}
     # Reading a process's environment waits for its memory map, which a fork bomb keeps busy:
     # the workers are found in a thread of their own, so the limits above never wait for it.
-    spotter = threading.Thread(target=_spot_workers, args=(root, popen, workers), daemon=True)
+    spotter = threading.Thread(target=_spot_workers, args=(root, popen, workers, worker_uid), daemon=True)
     spotter.start()
     try:
         while popen.poll() is None:
@@ -530,8 +808,7 @@ def run_notebook(notebook: Path, parameters: dict, *, output_dir: Path, timeout_
             if now > timeout_s:
                 status, reason = "timeout", f"timed out after {timeout_s:.0f} s"
                 break
-            for epoch in assessment.epoch_files(output_dir):
-                seen.setdefault(epoch, now)
+            keeper.poll(now)
             memory = cgroups.resident_mb()
             if memory is None:  # no memory cgroup: sum per process (shared pages count more than once)
                 memory = _rss_mb(_tree(root))
@@ -545,11 +822,12 @@ def run_notebook(notebook: Path, parameters: dict, *, output_dir: Path, timeout_
         end = time.monotonic() - started
         tasks_peak, fork_limited, oom = cgroups.tasks_peak(), cgroups.hit_pids_limit(), cgroups.oom_killed()
         memory_peak_mb = cgroups.peak_mb()
+        keeper.poll(end)  # appeared between the last poll and the end
         kill_run(popen, marker, cgroups)
         reader.join(timeout=30)
         spotter.join(timeout=10)
-    for epoch in assessment.epoch_files(output_dir):
-        seen.setdefault(epoch, end)  # appeared between the last poll and the end
+    rewritten = keeper.rewritten()
+    keeper.close()
 
     result = None
     if chunks:
@@ -557,6 +835,8 @@ def run_notebook(notebook: Path, parameters: dict, *, output_dir: Path, timeout_
             result = json.loads(b"".join(chunks))
         except ValueError:
             result = None
+    if not isinstance(result, dict):
+        result = None
     if not status and oom:
         status, reason = "memory", (f"memory limit exceeded: more than {memory_limit_mb:.0f} MB, the kernel "
                                     f"stopped the run at its hard cap ({memory_limit_mb * CGROUP_MEMORY_FACTOR:.0f} MB)")
@@ -576,5 +856,6 @@ def run_notebook(notebook: Path, parameters: dict, *, output_dir: Path, timeout_
                 reason += f": {result['message']}"
     return RunResult(status=status, reason=reason, seconds=end,
                      notebook=result.get("notebook") if result else None,
-                     epoch_seen_s=dict(sorted(seen.items())), peak_memory_mb=peak, isolation=note,
-                     horovod_workers=dict(sorted(workers.items())), tasks_peak=tasks_peak)
+                     epoch_seen_s=dict(sorted(keeper.seen.items())), epoch_files=dict(sorted(keeper.files.items())),
+                     epoch_rejected=keeper.rejected, rewritten=rewritten, peak_memory_mb=peak, isolation=note,
+                     horovod_workers=dict(sorted(workers.items())), tasks_peak=tasks_peak, worker_uid=worker_uid)

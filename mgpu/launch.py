@@ -12,6 +12,10 @@ The launcher returns the workers' exit status and rank 0's return value, streams
 output while they run, and never leaves a worker process behind: every process it starts carries
 a private marker in its environment and is killed at the end, whether the job finished, one rank
 crashed, the time ran out or the user pressed Ctrl-C.
+
+Inside the course's grader (``MGPU_LAUNCH_SPOOL`` set) the launcher does not start ``horovodrun``
+itself: it hands the job to the grader's launch service (:mod:`autograder.launch_service`), which
+starts the workers as a user the notebook's kernel cannot impersonate, and waits for it the same way.
 """
 
 from __future__ import annotations
@@ -240,10 +244,102 @@ def _stream(pipe, sink: list[str], echo: bool) -> None:
     pipe.close()
 
 
+#: Set by the grader's sandbox: the folder where its launch service takes jobs.
+SPOOL_VARIABLE = "MGPU_LAUNCH_SPOOL"
+
+
+def _job_folder() -> tempfile.TemporaryDirectory:
+    """The job's folder: in the grader's spool when a launch service runs, else a temporary one."""
+    # Under the service the workers' files belong to another user: the kernel cannot delete them,
+    # and the run's private /tmp goes with the run.
+    return tempfile.TemporaryDirectory(prefix="mgpu-launch-", dir=os.environ.get(SPOOL_VARIABLE) or None,
+                                       ignore_cleanup_errors=True)
+
+
+def _launch_via_service(num_workers: int, job_dir: Path, timeout: float | None, verbose: bool,
+                        start_timeout: int) -> LaunchResult:
+    """Ask the grader's launch service to run the job; follow its log; cancel it on time-out or Ctrl-C."""
+    os.chmod(job_dir, 0o1777)  # the workers run as another user and leave their status here
+    request = {"workers": num_workers, "start_timeout": start_timeout,
+               "threads": threads_per_worker(num_workers), "cwd": os.getcwd()}
+    tmp = job_dir / "request.json.tmp"
+    tmp.write_text(json.dumps(request))
+    os.replace(tmp, job_dir / "request.json")
+    lines: list[str] = []
+    started = time.monotonic()
+    timed_out = False
+    exit_file, log_file = job_dir / "exit.json", job_dir / "log"
+    position = 0
+
+    def follow() -> None:
+        nonlocal position
+        try:
+            with open(log_file, "r", errors="replace") as log:
+                log.seek(position)
+                text = log.read()
+                position = log.tell()
+        except OSError:
+            return
+        if text:
+            lines.append(text)
+            if verbose:
+                sys.stdout.write(text)
+                sys.stdout.flush()
+
+    try:
+        while not exit_file.exists():
+            follow()
+            if timeout is not None and time.monotonic() - started > timeout:
+                timed_out = True
+                break
+            time.sleep(0.2)
+    finally:
+        if not exit_file.exists():
+            (job_dir / "cancel").touch()
+            deadline = time.monotonic() + 30
+            while not exit_file.exists() and time.monotonic() < deadline:
+                time.sleep(0.1)
+    follow()
+    try:
+        done = json.loads(exit_file.read_text())
+    except (OSError, ValueError):
+        done = {"returncode": None, "message": "the launch service did not answer"}
+    if done.get("message") and not timed_out:
+        lines.append(f"launch service: {done['message']}\n")
+    returncode = done.get("returncode") if isinstance(done.get("returncode"), int) else None
+    return _collect(num_workers, job_dir, returncode, "".join(lines), timed_out,
+                    time.monotonic() - started, ["horovodrun (grader's launch service)", "-np", str(num_workers)])
+
+
+def _collect(num_workers: int, job_dir: Path, returncode: int | None, output: str, timed_out: bool,
+             seconds: float, command: list[str]) -> LaunchResult:
+    """The result of a finished job: each rank's status file and rank 0's return value."""
+    status = {}
+    for rank in range(num_workers):
+        path = job_dir / f"status-{rank}.json"
+        if path.exists():
+            try:
+                status[rank] = json.loads(path.read_text())["status"]
+            except (ValueError, KeyError):
+                status[rank] = "wrote an unreadable status file"
+    value = None
+    result_path = job_dir / "result.pkl"
+    if status.get(0) == "ok" and result_path.exists():
+        with open(result_path, "rb") as f:
+            value = cloudpickle.load(f)
+    return LaunchResult(num_workers=num_workers, returncode=returncode, rank_status=status, value=value,
+                        output=output, timed_out=timed_out, seconds=seconds, command=command)
+
+
 def _launch(num_workers: int, job_dir: Path, timeout: float | None, verbose: bool,
             env: dict[str, str] | None, start_timeout: int) -> LaunchResult:
     if num_workers < 1:
         raise ValueError(f"num_workers must be at least 1, got {num_workers}")
+    if os.environ.get(SPOOL_VARIABLE):
+        if env:
+            raise LaunchError(f"env={sorted(env)} cannot be passed under the grader: its launch service "
+                              "starts the workers with the grader's environment")
+        return _launch_via_service(num_workers, job_dir, timeout, verbose, start_timeout)
     launch_id = uuid.uuid4().hex
     child_env = dict(os.environ)
     child_env.update(env or {})
@@ -276,25 +372,8 @@ def _launch(num_workers: int, job_dir: Path, timeout: float | None, verbose: boo
         # Also runs on KeyboardInterrupt, which then propagates to the caller.
         _kill_launch(popen, launch_id)
         reader.join(timeout=10)
-    seconds = time.monotonic() - started
-
-    status = {}
-    for rank in range(num_workers):
-        path = job_dir / f"status-{rank}.json"
-        if path.exists():
-            try:
-                status[rank] = json.loads(path.read_text())["status"]
-            except (ValueError, KeyError):
-                status[rank] = "wrote an unreadable status file"
-    value = None
-    result_path = job_dir / "result.pkl"
-    if status.get(0) == "ok" and result_path.exists():
-        with open(result_path, "rb") as f:
-            value = cloudpickle.load(f)
-    return LaunchResult(
-        num_workers=num_workers, returncode=popen.returncode, rank_status=status, value=value,
-        output="".join(lines), timed_out=timed_out, seconds=seconds, command=command,
-    )
+    return _collect(num_workers, job_dir, popen.returncode, "".join(lines), timed_out,
+                    time.monotonic() - started, command)
 
 
 def run(fn: Callable[..., Any], num_workers: int, args: Sequence[Any] = (),
@@ -307,7 +386,7 @@ def run(fn: Callable[..., Any], num_workers: int, args: Sequence[Any] = (),
     It should call ``hvd.init()`` itself, as a Horovod training script does. With ``check``
     (the default) a failed run raises :class:`LaunchError` naming the failed rank.
     """
-    with tempfile.TemporaryDirectory(prefix="mgpu-launch-") as tmp:
+    with _job_folder() as tmp:
         job_dir = Path(tmp)
         with open(job_dir / "job.pkl", "wb") as f:
             cloudpickle.dump({"kind": "function", "fn": fn, "args": tuple(args), "kwargs": kwargs or {}}, f)
@@ -328,7 +407,7 @@ def run_script(script: str | os.PathLike, num_workers: int, script_args: Sequenc
     script = Path(script).resolve()
     if not script.is_file():
         raise LaunchError(f"no such script: {script}")
-    with tempfile.TemporaryDirectory(prefix="mgpu-launch-") as tmp:
+    with _job_folder() as tmp:
         job_dir = Path(tmp)
         job = {"kind": "script", "script": str(script), "argv": [str(script), *map(str, script_args)],
                "cwd": str(Path(cwd).resolve()) if cwd else os.getcwd()}
