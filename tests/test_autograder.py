@@ -52,6 +52,25 @@ def test_low_accuracy_reason_names_measured_and_target():
     assert outcome.reason.startswith("accuracy 0.610 < 0.750 target")
 
 
+def test_an_epoch_whose_weights_did_not_move_is_not_a_second_epoch():
+    # One good epoch copied to the next number (change 0), or copied with a little noise.
+    for change in (0.0, 1e-5):
+        epochs = _epochs(0.5, 0.85, 0.85)
+        epochs[1].change, epochs[2].change = 0.2, change
+        outcome = measure.decide(epochs, target=0.8, budget_s=100)
+        assert not outcome.passed and "epoch(s) 2 did not count" in outcome.reason, outcome.reason
+    epochs = _epochs(0.5, 0.85, 0.86)
+    epochs[1].change, epochs[2].change = 0.2, 0.05  # honest epochs move by several percent
+    assert measure.decide(epochs, target=0.8, budget_s=100).passed
+
+
+def test_a_first_saved_epoch_already_at_the_target_is_held_for_review():
+    outcome = measure.decide(_epochs(0.86, 0.87), target=0.8, budget_s=100, first_epoch_accuracy=0.64)
+    assert not outcome.passed and outcome.review.startswith("held for review: the first epoch the run saved")
+    assert "0.64" in outcome.review and outcome.reason == outcome.review
+    assert measure.decide(_epochs(0.6, 0.86, 0.87), target=0.8, budget_s=100).review == ""
+
+
 def test_no_epochs_and_rejected_epochs_have_reasons():
     assert "no weights saved" in measure.decide([], 0.8, 100).reason
     rejected = [EpochMeasurement(0, 5, None, "epoch_000.npz: weight 0 has shape (1,)")]
@@ -69,9 +88,16 @@ def test_measurer_agrees_with_keras_on_the_same_weights(tmp_path):
     expected = float(np.mean(np.argmax(model.predict(x, verbose=0), axis=-1) == y))
     assessment.save_weights_atomically(model.get_weights(), tmp_path / "epoch_000.npz")
     np.savez(tmp_path / "epoch_001.npz", np.zeros(3))
-    measured = measure.Measurer(x, y, (28, 28), 10).measure(tmp_path, {0: 1.5})
+    moved = [w + 0.01 for w in model.get_weights()]
+    assessment.save_weights_atomically(moved, tmp_path / "epoch_002.npz")
+    assessment.save_weights_atomically(moved, tmp_path / "epoch_003.npz")
+    files = {e: tmp_path / f"epoch_{e:03d}.npz" for e in range(4)}
+    measured = measure.Measurer(x, y, (28, 28), 10).measure(files, {0: 1.5}, {4: "epoch_004.npz is a link"})
     assert measured[0].accuracy == pytest.approx(expected) and measured[0].seconds == 1.5
     assert measured[1].accuracy is None and "arrays" in measured[1].rejected
+    assert measured[2].change is None  # epoch 1 was rejected: nothing to compare with
+    assert measured[3].change == 0.0 and measured[3].weights_sha256 == measured[2].weights_sha256
+    assert measured[4].accuracy is None and measured[4].rejected == "epoch_004.npz is a link"
 
 
 # ---------------------------------------------------------------------------------- validate
@@ -276,6 +302,7 @@ def _facts(folder, size, distributed, in_sync):
              "weights_in_sync": in_sync}))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("size, distributed, in_sync, failing", [
     (2, True, True, []),
     (1, False, None, ["test_horovod_init", "test_distributed_training"]),
@@ -283,35 +310,136 @@ def _facts(folder, size, distributed, in_sync):
 ], ids=["converted", "unconverted", "not-in-sync"])
 def test_the_graders_clean_test_pass_runs_the_locked_tests_with_hidden_ones(course_dir, tmp_path, size,
                                                                            distributed, in_sync, failing):
-    import os
-
     from autograder import checks
 
     course = course_mod.Course(course_dir, "assessment")
     cells = course.source_cells("assessment")
-    work = tmp_path / "work"
-    _facts(work / "output", size, distributed, in_sync)
-    (work / "data").mkdir()
+    folder = tmp_path / "runs" / "checks"
+    _facts(folder / "output", size, distributed, in_sync)
+    (folder / "data").mkdir()
+    (folder / "empty").mkdir()
     for name in ("train.npz", "val.npz", "dataset.json"):
-        (work / "data" / name).write_text("")  # has_data() only looks for the files
+        (folder / "data" / name).write_text("")  # has_data() only looks for the files
     tests = [{"grade_id": g, "source": cells[g].source} for g in ("test_horovod_init", "test_distributed_training")]
-    parameters = {"workers": 2, "profile": "cpu", "data_dir": "data", "output_dir": "output",
-                  "time_budget_s": 90.0, "target_accuracy": 0.8}
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    results = checks.run_tests(work, cells["parameters"].source, parameters, [cells["setup"].source], tests, env)
+    parameters = {"workers": 2, "profile": "cpu", "data_dir": str(folder / "data"),
+                  "output_dir": str(folder / "output"), "time_budget_s": 90.0, "target_accuracy": 0.8}
+    results = checks.run_tests(folder, cells["parameters"].source, parameters, [cells["setup"].source], tests,
+                               hide=[course_dir], work_parent=tmp_path / "runs")
     assert [r["grade_id"] for r in results if not r["passed"]] == failing
     for result in results:
         if not result["passed"]:
             assert result["ename"] == "AssertionError" and result["evalue"]
 
 
-def test_facts_files_not_written_by_a_seen_worker_are_discarded(tmp_path):
-    from autograder import grade
+@pytest.mark.slow
+def test_the_clean_test_pass_imports_nothing_from_its_folder_and_sees_no_secret(course_dir, tmp_path, monkeypatch):
+    """Modules planted where the pass starts (and where a run could write) never stand in for the grader's."""
+    from autograder import checks
 
-    _facts(tmp_path, 2, True, True)
-    (tmp_path / "facts-999.json").write_text(json.dumps({"pid": 999, "rank": 0, "horovod_size": 2}))
-    (tmp_path / "facts-7.json").write_text("[" * 100000)  # junk
+    monkeypatch.setenv("INSTRUCTOR_TOKEN", "s3cret")
+    course = course_mod.Course(course_dir, "assessment")
+    cells = course.source_cells("assessment")
+    folder = tmp_path / "runs" / "checks"
+    _facts(folder / "output", 1, False, None)
+    (folder / "data").mkdir()
+    (folder / "empty").mkdir()
+    for name in ("train.npz", "val.npz", "dataset.json"):
+        (folder / "data" / name).write_text("")
+    planted = 'print("PLANTED"); raise SystemExit(0)\n'
+    for where in (folder, folder / "empty"):
+        (where / "mgpu").mkdir()
+        (where / "mgpu" / "__init__.py").write_text(planted)
+        (where / "autograder").mkdir()
+        (where / "autograder" / "__init__.py").write_text(planted)
+        (where / "autograder" / "checks.py").write_text(planted)
+        (where / "json.py").write_text(planted)
+        (where / "sitecustomize.py").write_text(planted)
+    spy = ('import os\nprint("token", os.environ.get("INSTRUCTOR_TOKEN"), "uid", os.getuid(), '
+           '"course", os.path.exists(%r))\n' % str(course_dir / "gradebook.db"))
+    tests = [{"grade_id": "test_horovod_init", "source": cells["test_horovod_init"].source},
+             {"grade_id": "spy", "source": spy}]
+    parameters = {"workers": 2, "profile": "cpu", "data_dir": str(folder / "data"),
+                  "output_dir": str(folder / "output"), "time_budget_s": 90.0, "target_accuracy": 0.8}
+    results = checks.run_tests(folder, cells["parameters"].source, parameters, [cells["setup"].source], tests,
+                               hide=[course_dir], work_parent=tmp_path / "runs")
+    assert not results[0]["passed"] and "hvd.size()" in results[0]["evalue"]  # the real test ran, and failed
+    assert "PLANTED" not in json.dumps(results)
+    from autograder import sandbox
+
+    if sandbox.isolation_available()[0]:
+        assert results[1]["stdout"].strip() == f"token None uid {sandbox.RUN_UID} course False", results[1]
+    else:
+        assert results[1]["stdout"].startswith("token None"), results[1]
+
+
+def test_facts_files_not_written_by_a_seen_worker_are_discarded():
+    from autograder import grade, sandbox
+
+    files = {f"facts-{100 + rank}.json": json.dumps({"pid": 100 + rank, "rank": rank, "horovod_size": 2}).encode()
+             for rank in range(2)}
+    files["facts-999.json"] = json.dumps({"pid": 999, "rank": 0, "horovod_size": 2}).encode()
+    files["facts-7.json"] = b"[" * 100000  # junk
+    files["facts-8.json"] = sandbox.Rejected("facts-8.json was not written by a Horovod worker the grader started")
     workers = {100: {"rank": 0, "size": 2, "host_pid": 5000}, 101: {"rank": 0, "size": 2, "host_pid": 5001}}
     # 100 is a seen worker; 101 claims rank 1 but horovodrun gave it rank 0; 999 and 7 were never seen.
-    assert grade.keep_worker_facts(tmp_path, workers) == 3
-    assert sorted(p.name for p in tmp_path.glob("facts-*.json")) == ["facts-100.json"]
+    kept, discarded = grade.vet_facts(files, workers)
+    assert list(kept) == ["facts-100.json"] and discarded == 4
+
+
+def test_run_files_are_read_as_hostile_data(tmp_path):
+    """No link is followed, no fifo blocks, sizes are counted while reading, and the owner is checked."""
+    import os
+
+    from autograder import sandbox
+
+    (tmp_path / "good.json").write_text("{}")
+    (tmp_path / "big.json").write_bytes(b"x" * 5000)
+    os.symlink("/dev/zero", tmp_path / "zero.json")
+    os.symlink(tmp_path / "good.json", tmp_path / "link.json")
+    os.mkfifo(tmp_path / "fifo.json")
+    (tmp_path / "folder.json").mkdir()
+    found = sandbox.read_outputs(tmp_path, r".*\.json", 1000, owner=None)
+    assert found["good.json"] == b"{}"
+    assert "larger than" in str(found["big.json"])
+    assert "is a link" in str(found["zero.json"]) and "is a link" in str(found["link.json"])
+    assert "not a regular file" in str(found["fifo.json"]) and "not a regular file" in str(found["folder.json"])
+    owner = os.stat(tmp_path / "good.json").st_uid
+    assert "not written by a Horovod worker" in str(sandbox.read_outputs(tmp_path, "good.json", 1000, owner + 1)["good.json"])
+
+
+def test_each_epoch_file_is_kept_as_it_was_when_first_seen(tmp_path):
+    from autograder import sandbox
+
+    output, keep = tmp_path / "output", tmp_path / "keep"
+    output.mkdir()
+    (output / "epoch_000.npz").write_bytes(b"first")
+    keeper = sandbox.EpochKeeper(output, keep, owner=None)
+    keeper.poll(1.0)
+    (output / "epoch_000.npz").write_bytes(b"rewritten later")  # a placeholder overwritten after the fact
+    (output / "epoch_001.npz").write_bytes(b"second")
+    keeper.poll(2.0)
+    keeper.poll(3.0)
+    assert keeper.seen == {0: 1.0, 1: 2.0}
+    assert (keep / "epoch_000.npz").read_bytes() == b"first" and keeper.rewritten() == [0]
+    keeper.close()
+
+
+def test_the_executed_notebook_gives_outputs_only_to_cells_it_did_not_change(course_dir):
+    course = course_mod.Course(course_dir, "assessment")
+    canonical = nbformat.read(course.release_dir() / "assessment.ipynb", as_version=4)
+    executed = nbformat.from_dict(canonical)
+    for cell in executed.cells:
+        if cell.cell_type == "code":
+            cell.outputs = [nbformat.v4.new_output("stream", name="stdout", text=f"ran {cell.metadata.nbgrader['grade_id']}")]
+            cell.execution_count = 1
+    merged, altered = grade.merge_outputs(canonical, nbformat.writes(executed))
+    assert altered == ""
+    texts = {c.metadata.nbgrader["grade_id"]: "".join(o.get("text", "") for o in c.outputs)
+             for c in merged.cells if c.cell_type == "code"}
+    assert texts["setup"] == "ran setup" and texts["test_horovod_init"] == "" and texts["outcome"] == ""
+    # A kernel that rewrote its own notebook (a cell's source changed, junk instead of JSON): no outputs at all.
+    executed.cells[2].source = "print('something else')"
+    merged, altered = grade.merge_outputs(canonical, nbformat.writes(executed))
+    assert altered == "a cell's source differs from the one the grader ran"
+    assert all(not c.get("outputs") for c in merged.cells if c.cell_type == "code")
+    assert grade.merge_outputs(canonical, "{not json")[1].startswith("not a valid notebook")

@@ -13,16 +13,16 @@ pytestmark = pytest.mark.slow
 
 
 def _notebook(folder, *cells):
-    work = folder / "runs" / "work"  # runs/ is the grader's folder of work folders
-    (work / "output").mkdir(parents=True)
+    runs = folder / "runs"  # the grader's folder of work folders
+    runs.mkdir(exist_ok=True)
+    work = sandbox.RunFolder(runs / "work")
     notebook = nbformat.v4.new_notebook(metadata={"kernelspec": {"name": "python3", "language": "python",
                                                                  "display_name": "Python 3"}})
-    parameters = nbformat.v4.new_code_cell('secret_dir = ""')
+    parameters = nbformat.v4.new_code_cell('secret_dir = ""\noutput_dir = ""')
     parameters.metadata["tags"] = ["parameters"]
     notebook.cells = [parameters, *[nbformat.v4.new_code_cell(textwrap.dedent(c)) for c in cells]]
-    path = work / "submission.ipynb"
-    nbformat.write(notebook, path)
-    return path
+    nbformat.write(notebook, work.nb / "submission.ipynb")
+    return work
 
 
 # A process the notebook leaves running in a session of its own, with a duration no other
@@ -31,20 +31,26 @@ ORPHAN = """
 import random, subprocess
 duration = f"{random.randint(10**6, 10**7)}.5"
 child = subprocess.Popen(["sleep", duration], start_new_session=True)
-open("output/orphan.pid", "w").write(duration)
+open("orphan.pid", "w").write(duration)
 """
 
 
-def _run(path, **kwargs):
-    secret = path.parents[2] / "secret"
-    options = dict(parameters={"secret_dir": str(secret)}, output_dir=path.parent / "output",
-                   timeout_s=120, memory_limit_mb=4000, hide=[secret], work_parent=path.parents[1])
+def _run(work, **kwargs):
+    secret = work.root.parents[1] / "secret"
+    options = dict(parameters={"secret_dir": str(secret), "output_dir": str(work.output)},
+                   keep=work.root.parent / "kept", timeout_s=120, memory_limit_mb=4000, hide=[secret],
+                   work_parent=work.root.parent)
     options.update(kwargs)
-    return sandbox.run_notebook(path, **options)
+    try:
+        return sandbox.run_notebook(work, "submission.ipynb", **options)
+    finally:
+        (work.root.parent / "orphan.pid").write_text((work.nb / "orphan.pid").read_text()
+                                                     if (work.nb / "orphan.pid").exists() else "none")
+        work.remove()
 
 
-def _orphan_gone(path):
-    duration = (path.parent / "output" / "orphan.pid").read_text()
+def _orphan_gone(work):
+    duration = (work.root.parent / "orphan.pid").read_text()
     for proc in psutil.process_iter(["cmdline", "status"]):
         if proc.info["cmdline"] == ["sleep", duration] and proc.info["status"] != psutil.STATUS_ZOMBIE:
             return False
@@ -56,7 +62,8 @@ def _outputs(notebook_json):
     return "".join(o.get("text", "") for c in notebook.cells if c.cell_type == "code" for o in c.outputs)
 
 
-def test_network_is_off_folders_are_hidden_files_are_timed_and_nothing_survives(tmp_path):
+def test_network_is_off_folders_are_hidden_the_kernel_cannot_write_output_and_nothing_survives(tmp_path, monkeypatch):
+    monkeypatch.setenv("INSTRUCTOR_TOKEN", "s3cret")  # the grader's environment never reaches a run
     available, why = sandbox.isolation_available()
     if not available:
         pytest.skip(why)
@@ -72,19 +79,27 @@ def test_network_is_off_folders_are_hidden_files_are_timed_and_nothing_survives(
         except OSError:
             print("network: off")
         print("secret files visible:", os.listdir(secret_dir) if os.path.exists(secret_dir) else [])
-        print("other runs visible:", sorted(os.listdir("..")))
-        time.sleep(1)
-        open("output/epoch_000.npz", "wb").write(b"x")
-        time.sleep(2)
+        print("other runs visible:", sorted(os.listdir("../..")))
+        print("environment:", sorted(os.environ))
+        print("tmp:", os.listdir("/tmp"), "shm:", os.listdir("/dev/shm"))
+        try:
+            open(os.path.join(output_dir, "epoch_000.npz"), "wb").write(b"x")
+            print("kernel wrote output")
+        except OSError as error:
+            print("kernel cannot write output:", type(error).__name__)
         """, ORPHAN)
+    (tmp_path / "host-tmp-file").write_text("x")
     result = _run(path)
     assert result.status == "ok" and result.reason == "" and result.isolation == "", (result.status, result.reason)
     text = _outputs(result.notebook)
     assert "network: off" in text and "secret files visible: []" in text
     assert "other runs visible: ['work']" in text
+    assert "kernel cannot write output: PermissionError" in text and result.epoch_seen_s == {}
+    assert "host-tmp-file" not in text.split("tmp:")[1].splitlines()[0] and "shm: []" in text, text
+    shown = text.split("environment:")[1].splitlines()[0]
+    assert "INSTRUCTOR_TOKEN" not in shown and "MGPU_GRADE_ID" in shown
     # the hidden folder is still there for the grader
     assert (tmp_path / "secret" / "labels.npy").exists()
-    assert 0 < result.epoch_seen_s[0] < result.seconds
     assert _orphan_gone(path)
 
 
@@ -158,3 +173,37 @@ def _marked(proc, folder):
         return sandbox.GRADE_MARKER in proc.environ() and proc.cwd().startswith(str(folder))
     except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, OSError):
         return False
+
+
+HOROVOD_JOB = """
+import os, subprocess, sys
+from mgpu import launch
+
+def work(output_dir):
+    import horovod.tensorflow as hvd
+    hvd.init()
+    open(os.path.join(output_dir, f"facts-{os.getpid()}.json"), "w").write("{}")
+    return os.getuid(), hvd.size()
+
+# A process of the kernel's own that claims to be a Horovod worker.
+fake = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                        env=dict(os.environ, HOROVOD_RANK="0", HOROVOD_SIZE="2"))
+result = launch.run(work, 2, args=(output_dir,))
+print("workers ran as", result.value)
+fake.kill()
+"""
+
+
+def test_horovod_workers_are_started_by_the_launch_service_as_their_own_user(tmp_path):
+    """The kernel's launch.run goes through the sandbox's launch service; only its workers count."""
+    available, why = sandbox.isolation_available()
+    if not available or sandbox.RUN_UID == "-":
+        pytest.skip(why or "runs as root")
+    (tmp_path / "secret").mkdir()
+    path = _notebook(tmp_path, HOROVOD_JOB)
+    result = _run(path, timeout_s=300)
+    assert result.status == "ok", result.reason
+    text = _outputs(result.notebook)
+    assert f"workers ran as ({sandbox.WORKER_UID}, 2)" in text, text
+    assert result.worker_uid == int(sandbox.WORKER_UID)
+    assert sorted(w["rank"] for w in result.horovod_workers.values()) == [0, 1]  # the fake is not one
