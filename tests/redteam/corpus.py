@@ -85,6 +85,13 @@ def train():
 '''
 
 
+def _program(context: Context, source: str):
+    """The student's cell is exactly ``source`` (which defines its own ``train``)."""
+    notebook = context.notebook("unconverted_quick")
+    cell(notebook, PROGRAM).source = source.strip() + "\n"
+    return notebook
+
+
 def _attack_only(context: Context, attack: str):
     notebook = context.notebook("unconverted_quick")
     cell(notebook, PROGRAM).source = attack.rstrip() + "\n" + _ATTACK_ONLY_TRAIN
@@ -220,37 +227,41 @@ def fake_results_and_output(context):
 
 
 def fake_weights_files(context):
-    return _attack_only(context, '''
-import os
-import numpy as np
+    return _program(context, '''
+def train():
+    import os
+    import numpy as np
+    import horovod.tensorflow as hvd
 
-os.makedirs(output_dir, exist_ok=True)
-np.save(os.path.join(output_dir, "evil.npy"), np.array([{"a": 1}], dtype=object), allow_pickle=True)
-with open(os.path.join(output_dir, "epoch_000.npz"), "wb") as f:  # a pickled object array
-    np.savez(f, np.array([{"weights": 1}], dtype=object))
-os.symlink("/dev/zero", os.path.join(output_dir, "epoch_001.npz"))   # an endless read
-os.symlink("/etc/passwd", os.path.join(output_dir, "epoch_002.npz"))
-np.savez(os.path.join(output_dir, "epoch_003.npz"), np.zeros((3, 3)))  # another architecture
-with open(os.path.join(output_dir, "epoch_004.npz"), "wb") as f:
-    f.write(b"PK\\x03\\x04" + os.urandom(4096))  # not a zip
+    hvd.init()
+    if hvd.rank() == 0:  # a worker, which may write the output folder
+        np.save(os.path.join(output_dir, "evil.npy"), np.array([{"a": 1}], dtype=object), allow_pickle=True)
+        with open(os.path.join(output_dir, "epoch_000.npz"), "wb") as f:  # a pickled object array
+            np.savez(f, np.array([{"weights": 1}], dtype=object))
+        os.symlink("/dev/zero", os.path.join(output_dir, "epoch_001.npz"))   # an endless read
+        os.symlink("/etc/passwd", os.path.join(output_dir, "epoch_002.npz"))
+        np.savez(os.path.join(output_dir, "epoch_003.npz"), np.zeros((3, 3)))  # another architecture
+        with open(os.path.join(output_dir, "epoch_004.npz"), "wb") as f:
+            f.write(b"PK\\x03\\x04" + os.urandom(4096))  # not a zip
+    return {"val_accuracy": [0.0]}
 ''')
 
 
 _COPIER = '''
-    # Copied: weights from somebody else's run, written over this run's epochs.
+    # Copied: weights from somebody else's run, saved as this run's first epochs before it trains.
     if rank == 0:
         import base64, io, os
         leaked = np.load(io.BytesIO(base64.b64decode(LEAKED)), allow_pickle=False)
         weights = [leaked[f"arr_{i}"] for i in range(len(leaked.files))]
         for epoch in (0, 1):
             assessment.save_weights_atomically(weights, os.path.join(output_dir, f"epoch_{epoch:03d}.npz"))
-    return {name:'''
+    history = model.fit('''
 
 
 def copied_weights(context):
     notebook = context.notebook("quick")
     _prepend(notebook, f'import numpy as np\nLEAKED = "{context.leaked_weights_b64}"')
-    _edit(notebook, PROGRAM, "    return {name:", _COPIER)
+    _edit(notebook, PROGRAM, "    history = model.fit(", _COPIER)
     _edit(notebook, PROGRAM, "    from mgpu import assessment\n", "    from mgpu import assessment\n    import numpy as np\n")
     return notebook
 
@@ -300,11 +311,14 @@ def fake_facts_files(context):
     notebook = context.notebook("unconverted_quick")
     _prepend(notebook, '''
 import json, os
-os.makedirs(output_dir, exist_ok=True)
 for pid, rank in ((424242, 0), (424243, 1)):
-    json.dump({"pid": pid, "rank": rank, "horovod_size": workers, "distributed_optimizer": True,
-               "steps_per_epoch": 10, "epochs_done": 3, "weights_in_sync": True},
-              open(os.path.join(output_dir, f"facts-{pid}.json"), "w"))
+    try:
+        json.dump({"pid": pid, "rank": rank, "horovod_size": workers, "distributed_optimizer": True,
+                   "steps_per_epoch": 10, "epochs_done": 3, "weights_in_sync": True},
+                  open(os.path.join(output_dir, f"facts-{pid}.json"), "w"))
+        print("WROTE facts", pid)
+    except OSError as error:
+        print("could not write facts:", type(error).__name__)
 ''')
     return notebook
 
@@ -377,6 +391,284 @@ except Exception as error:
 ''')
 
 
+# ------------------------------------------------------- code the grader might run (class 1)
+
+_PLANTED = """
+import os
+planted = 'print("all tests passed"); open("/tmp/PLANTED-RAN", "w").write("x")\\n'
+for where in (os.getcwd(), os.path.dirname(os.getcwd()), output_dir, "/tmp"):
+    for name in ("autograder/__init__.py", "autograder/checks.py", "mgpu/__init__.py", "mgpu/assessment.py",
+                 "json.py", "sitecustomize.py", "usercustomize.py", "nbformat.py"):
+        try:
+            os.makedirs(os.path.join(where, os.path.dirname(name)), exist_ok=True)
+            open(os.path.join(where, name), "w").write(planted)
+            print("planted", os.path.join(where, name))
+        except OSError as error:
+            print("could not plant in", where, type(error).__name__)
+"""
+
+
+def planted_modules(context):
+    """Modules named like the grader's and the course's, planted where a later step might import them."""
+    notebook = context.notebook("unconverted_quick")
+    _prepend(notebook, _PLANTED)
+    return notebook
+
+
+# ------------------------------------------------------------- time against accuracy (class 2)
+
+def placeholder_epochs_overwritten(context):
+    """Untrained weights saved for every epoch at once, then overwritten by the real training."""
+    notebook = context.notebook("reference")
+    _edit(notebook, PROGRAM, "    history = model.fit(",
+          "    if rank == 0:  # placeholders: their files appear now, the real weights come later\n"
+          "        import os\n"
+          "        for e in range(epochs):\n"
+          "            assessment.save_weights_atomically(model.get_weights(), os.path.join(output_dir, f'epoch_{e:03d}.npz'))\n"
+          "    history = model.fit(")
+    return notebook
+
+
+_FORWARD = '''
+    if rank == 0:  # one epoch counted twice: copied to the next number, then once more with noise
+        import os
+        import numpy as np
+        last = os.path.join(output_dir, "epoch_001.npz")
+        with np.load(last) as saved:
+            weights = [saved[f"arr_{i}"] for i in range(len(saved.files))]
+        assessment.save_weights_atomically(weights, os.path.join(output_dir, "epoch_002.npz"))
+        noisy = [w + np.random.default_rng(0).normal(0, 1e-5, w.shape).astype(w.dtype) for w in weights]
+        assessment.save_weights_atomically(noisy, os.path.join(output_dir, "epoch_003.npz"))
+    return {name:'''
+
+
+def epoch_copied_forward(context):
+    notebook = context.notebook("reference")
+    _edit(notebook, PROGRAM, "epochs = 12\n", "epochs = 2\n")
+    _edit(notebook, PROGRAM, "    return {name:", _FORWARD)
+    return notebook
+
+
+def _import_weights(context, noise: float):
+    """Workers that call hvd.init() and save weights trained elsewhere, without training."""
+    return _program(context, f'''
+LEAKED = "{context.leaked_weights_b64}"
+
+
+def train():
+    import base64, io, os
+    import numpy as np
+    import horovod.tensorflow as hvd
+    from mgpu import assessment
+
+    hvd.init()
+    if hvd.rank() == 0:
+        leaked = np.load(io.BytesIO(base64.b64decode(LEAKED)), allow_pickle=False)
+        weights = [leaked[f"arr_{{i}}"] for i in range(len(leaked.files))]
+        rng = np.random.default_rng(1)
+        for epoch in (0, 1):
+            scaled = [w + rng.normal(0, {noise}, w.shape).astype(w.dtype) * np.abs(w).mean() for w in weights]
+            assessment.save_weights_atomically(scaled, os.path.join(output_dir, f"epoch_{{epoch:03d}}.npz"))
+    return {{"val_accuracy": [0.0]}}
+''')
+
+
+def imported_weights_lone(context):
+    return _import_weights(context, 0.0)
+
+
+def imported_weights_perturbed(context):
+    return _import_weights(context, 0.01)
+
+
+# ------------------------------------------------------- facts and who wrote them (class 3)
+
+_KERNEL_FACTS = """
+import json, os, threading, time
+
+def forge():  # from the kernel, while the workers run: facts for every process that looks like one
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        for pid in [int(p) for p in os.listdir("/proc") if p.isdigit()]:
+            facts = {"pid": pid, "rank": 0, "horovod_size": workers, "distributed_optimizer": True,
+                     "steps_per_epoch": 10, "epochs_done": 3, "weights_in_sync": True}
+            try:
+                with open(os.path.join(output_dir, f"facts-{pid}.json"), "w") as f:
+                    json.dump(facts, f)
+                print("FORGED", pid)
+            except OSError:
+                pass
+        time.sleep(0.5)
+
+threading.Thread(target=forge, daemon=True).start()
+"""
+
+
+def kernel_writes_worker_facts(context):
+    notebook = context.notebook("unconverted_quick")
+    _prepend(notebook, _KERNEL_FACTS)
+    return notebook
+
+
+_FAKE_WORKERS = """
+import json, os, subprocess, sys
+script = (
+    "import json, os, sys\\n"
+    "facts = {'pid': os.getpid(), 'rank': int(os.environ['HOROVOD_RANK']), 'horovod_size': 2,\\n"
+    "         'distributed_optimizer': True, 'steps_per_epoch': 10, 'epochs_done': 3, 'weights_in_sync': True}\\n"
+    "for folder in (sys.argv[1], '.'):\\n"
+    "    try:\\n"
+    "        json.dump(facts, open(os.path.join(folder, f'facts-{os.getpid()}.json'), 'w'))\\n"
+    "    except OSError as error:\\n"
+    "        print('fake worker could not write', folder, type(error).__name__)\\n"
+    "import time; time.sleep(60)\\n")
+fakes = [subprocess.Popen([sys.executable, "-c", script, output_dir],
+                          env=dict(os.environ, HOROVOD_RANK=str(r), HOROVOD_SIZE="2", HOROVOD_LOCAL_RANK=str(r)))
+         for r in range(2)]
+"""
+
+
+def extra_horovod_processes(context):
+    notebook = context.notebook("unconverted_quick")
+    _prepend(notebook, _FAKE_WORKERS)
+    return notebook
+
+
+def fake_distributed_optimizer(context):
+    """A class with Horovod's module and attribute names that averages nothing."""
+    notebook = context.notebook("quick")
+    _edit(notebook, PROGRAM, "    optimizer = hvd.DistributedOptimizer(optimizer)\n",
+          "    fake = type(type(optimizer).__name__, (type(optimizer),),\n"
+          "                {'__module__': 'horovod._keras', '_allreduce_grads': lambda *a: a})\n"
+          "    optimizer = fake.from_config(optimizer.get_config())\n")
+    return notebook
+
+
+# -------------------------------------------------------------- paths followed (class 4)
+
+@dataclass
+class Symlink:
+    """The submitted file is a link (to ``target``, relative to the course folder)."""
+
+    target: str
+
+
+def symlinked_submission(context):
+    return Symlink("source/assessment/assessment.ipynb")
+
+
+def output_links(context):
+    """A worker leaves links and a fifo where the grader reads; the kernel tries to replace output/."""
+    root = context.course_dir
+    return _program(context, f'''
+import os, shutil
+try:
+    os.rename(output_dir, output_dir + ".old")
+    os.symlink({str(root / "source")!r}, output_dir)
+    print("REPLACED output/")
+except OSError as error:
+    print("could not replace output/:", type(error).__name__)
+
+
+def train():
+    import os
+    import horovod.tensorflow as hvd
+
+    hvd.init()
+    if hvd.rank() == 0:
+        os.symlink({str(root / "gradebook.db")!r}, os.path.join(output_dir, "epoch_000.npz"))
+        os.symlink("/dev/zero", os.path.join(output_dir, "epoch_001.npz"))
+        os.mkfifo(os.path.join(output_dir, "epoch_002.npz"))
+        os.symlink({str(root / "source")!r}, os.path.join(output_dir, f"facts-{{os.getpid()}}.json"))
+    return {{"val_accuracy": [0.0]}}
+''')
+
+
+# ------------------------------------------------------ one submission breaks the cohort (class 5)
+
+def nbgrader_metadata_not_mapping(context):
+    notebook = context.notebook("quick")
+    cell(notebook, "test_horovod_init").metadata["nbgrader"] = "locked"
+    return notebook
+
+
+def huge_declared_array(context):
+    """An epoch file whose .npy header declares a terabyte array (a MemoryError for a naive loader)."""
+    return _program(context, '''
+def train():
+    import io, os, zipfile
+    import horovod.tensorflow as hvd
+
+    hvd.init()
+    if hvd.rank() == 0:
+        header = "{'descr': '<f4', 'fortran_order': False, 'shape': (1000000000000,), }"
+        header = header + " " * (63 - len(header)) + "\\n"
+        member = b"\\x93NUMPY\\x01\\x00" + len(header).to_bytes(2, "little") + header.encode() + b"\\0" * 64
+        import numpy as np
+        from mgpu import assessment
+
+        with zipfile.ZipFile(os.path.join(output_dir, "epoch_000.npz"), "w") as archive:
+            archive.writestr("arr_0.npy", member)  # the other arrays are the model's own
+            for i, weight in enumerate(assessment.reference_model().get_weights()[1:], 1):
+                buffer = io.BytesIO()
+                np.save(buffer, weight)
+                archive.writestr(f"arr_{i}.npy", buffer.getvalue())
+    return {"val_accuracy": [0.0]}
+''')
+
+
+_FILL = """
+import os, subprocess, sys
+# Keeps filling its disk (files and bytes) after the notebook's last cell, in every folder it may write.
+filler = (
+    "import os, sys, time\\n"
+    "deadline = time.time() + 300\\n"
+    "n = 0\\n"
+    "while time.time() < deadline:\\n"
+    "    for folder in ('.', '/tmp', '/dev/shm'):\\n"
+    "        try:\\n"
+    "            open(os.path.join(folder, f'fill-{n}'), 'wb').write(b'x' * (1 << 20 if n % 2 else 0))\\n"
+    "        except OSError:\\n"
+    "            pass\\n"
+    "    n += 1\\n")
+subprocess.Popen([sys.executable, "-c", filler], start_new_session=True)
+"""
+
+
+def fills_its_disk(context):
+    notebook = context.notebook("unconverted_quick")
+    _prepend(notebook, _FILL)
+    return notebook
+
+
+# ------------------------------------------------------------- leaks between runs (class 6)
+
+def leaves_files_for_the_next_run(context):
+    return _attack_only(context, """
+import os
+for folder in ("/tmp", "/dev/shm", os.path.expanduser("~")):
+    try:
+        open(os.path.join(folder, "mgpu-left-behind"), "w").write("answers for the next student")
+        print("left a file in", folder)
+    except OSError as error:
+        print("could not leave a file in", folder, type(error).__name__)
+""")
+
+
+def zz_reads_what_others_left(context):
+    """Graded after ``leaves_files_for_the_next_run`` (names are graded in order): looks for its files
+    and for the grader's environment."""
+    return _attack_only(context, """
+import glob, os
+for pattern in ("/tmp/*", "/tmp/*/*", "/dev/shm/*", os.path.expanduser("~/*"), "/var/tmp/*"):
+    for path in glob.glob(pattern):
+        if "mgpu-left-behind" in path:
+            print("FOUND LEFT-BEHIND", path)
+print("environment:", " ".join(sorted(os.environ)))
+print("token:", os.environ.get("INSTRUCTOR_TOKEN"))
+""")
+
+
 CASES: list[Case] = [
     Case("malformed_json", malformed_json, False, ("rejected: not a well-formed notebook (invalid JSON",),
          "truncated JSON"),
@@ -433,6 +725,40 @@ CASES: list[Case] = [
     Case("outside_the_work_folder", outside_the_work_folder, False, ("no weights saved",),
          "reads and writes the gradebook, the solution, another student, the signing key, the secret"),
     Case("network", network, False, ("no weights saved",), "connects out and downloads the test labels"),
+    # the classes of the outside red team's report (issue 12), one case or more each
+    Case("planted_modules", planted_modules, False, ("test test_horovod_init failed", "hvd.size()"),
+         "autograder/, mgpu/, json.py, sitecustomize.py planted in the run's folders (unconverted)"),
+    Case("placeholder_epochs_overwritten", placeholder_epochs_overwritten, False,
+         ("changed after the grader first saw them", "< 0.800 target"),
+         "untrained weights saved for every epoch up front, overwritten by the real training later"),
+    Case("epoch_copied_forward", epoch_copied_forward, False, ("did not count",),
+         "2 real epochs; epoch 1 copied to epoch 2, and with 1e-5 noise to epoch 3"),
+    Case("imported_weights_lone", imported_weights_lone, False, ("did not count",),
+         "weights trained elsewhere saved as epochs 0 and 1 by hvd-initialised workers (one copier)"),
+    Case("imported_weights_perturbed", imported_weights_perturbed, False, ("held for review",),
+         "the same weights with 1% noise, different for each epoch"),
+    Case("kernel_writes_worker_facts", kernel_writes_worker_facts, False, ("test test_horovod_init failed", "hvd.size()"),
+         "the kernel writes facts for every process it sees while the workers run (no hvd.init)"),
+    Case("extra_horovod_processes", extra_horovod_processes, False,
+         ("test test_horovod_init failed", "hvd.size()"),
+         "processes started by the kernel with HOROVOD_RANK/SIZE write facts claiming 2 workers"),
+    Case("fake_distributed_optimizer", fake_distributed_optimizer, False,
+         ("test test_distributed_training failed", "DistributedOptimizer"),
+         "an optimizer class with Horovod's module and attribute names that averages nothing (1-epoch)"),
+    Case("symlinked_submission", symlinked_submission, False, ("rejected:", "link"),
+         "the submitted file is a link to the instructor's source notebook"),
+    Case("output_links", output_links, False, ("every saved epoch was rejected", "is a link"),
+         "output/ replaced by a link to source/; links to the gradebook and /dev/zero and a fifo as epoch files"),
+    Case("nbgrader_metadata_not_mapping", nbgrader_metadata_not_mapping, False, ("rejected:", "not a mapping"),
+         "a cell's nbgrader metadata is a string"),
+    Case("huge_declared_array", huge_declared_array, False, ("every saved epoch was rejected",),
+         "an epoch file whose header declares a 4 TB array"),
+    Case("fills_its_disk", fills_its_disk, False, (),
+         "a process that fills every writable folder with files and bytes, still running after the last cell"),
+    Case("leaves_files_for_the_next_run", leaves_files_for_the_next_run, False, ("no weights saved",),
+         "leaves files in /tmp, /dev/shm and its home for the next run"),
+    Case("zz_reads_what_others_left", zz_reads_what_others_left, False, ("no weights saved",),
+         "looks for what the previous run left, and for the grader's environment"),
 ]
 
 
@@ -463,7 +789,9 @@ def write_corpus(context: Context) -> list[str]:
         folder.mkdir(parents=True, exist_ok=True)
         built = case.build(context)
         path = folder / "assessment.ipynb"
-        if isinstance(built, bytes):
+        if isinstance(built, Symlink):
+            path.symlink_to(context.course_dir / built.target)
+        elif isinstance(built, bytes):
             path.write_bytes(built)
         else:
             nbformat.write(built, path)

@@ -8,6 +8,7 @@ may be read or written, and no process may survive. The verdicts table goes to
 
 import hashlib
 import json
+import os
 import subprocess
 import sys
 import time
@@ -27,10 +28,15 @@ ROOT = Path(__file__).resolve().parents[2]
 BY_NAME = corpus.BY_NAME
 
 
+#: A secret in the instructor's environment: no run may see it.
+TOKEN = "instructor-token-5d1e"
+
+
 def grade(course_dir: Path, *extra: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "autograder", "grade", str(course_dir), "--assignment",
                            "assessment", "--profile", "cpu", "--workers", "2", "--no-progress", *extra],
-                          capture_output=True, text=True, cwd=ROOT, timeout=3600)
+                          capture_output=True, text=True, cwd=ROOT, timeout=3600,
+                          env=dict(os.environ, INSTRUCTOR_TOKEN=TOKEN))
 
 
 def sha(path: Path) -> str:
@@ -132,7 +138,53 @@ def test_kernel_side_tricks_do_not_reach_the_graders_tests(graded):
     for name in ("monkeypatched_tests_and_assert", "fake_facts_files", "test_cell_edited"):
         scores = graded["records"][name]["cell_scores"]
         assert scores["test_horovod_init"][0] == 0 and scores["test_distributed_training"][0] == 0, name
-    assert graded["records"]["fake_facts_files"]["discarded_facts"] == 2
+    # The kernel cannot write where the workers leave their facts.
+    assert "could not write facts: PermissionError" in _outputs(graded["dir"], "fake_facts_files")
+    assert "FORGED" not in _outputs(graded["dir"], "kernel_writes_worker_facts")
+    for name in ("kernel_writes_worker_facts", "extra_horovod_processes", "planted_modules"):
+        scores = graded["records"][name]["cell_scores"]
+        assert scores["test_horovod_init"][0] == 0 and scores["test_distributed_training"][0] == 0, name
+    # Processes of the kernel's that claim Horovod's variables are not workers: only the two the
+    # launch service started were seen.
+    assert graded["records"]["extra_horovod_processes"]["horovod_workers_seen"] == 2
+
+
+def test_an_optimizer_named_like_horovods_that_does_not_average_fails_the_optimizer_test(graded):
+    scores = graded["records"]["fake_distributed_optimizer"]["cell_scores"]
+    assert scores["test_horovod_init"][0] == 2 and scores["test_distributed_training"][0] == 0
+
+
+def test_nothing_a_run_planted_ran_in_the_grader(graded):
+    assert not Path("/tmp/PLANTED-RAN").exists()
+    for folder in ("autograder", "feedback", "executed"):
+        for path in (graded["dir"] / folder).rglob("*"):
+            if path.is_file() and path.suffix in (".json", ".html", ".ipynb", ".csv"):
+                text = path.read_text(errors="replace")
+                assert "all tests passed" not in text or "planted_modules" in str(path), path
+
+
+def test_runs_leave_nothing_for_each_other_and_see_no_secret_of_the_graders(graded):
+    reader = _outputs(graded["dir"], "zz_reads_what_others_left")
+    assert "FOUND LEFT-BEHIND" not in reader and "token: None" in reader, reader
+    assert "INSTRUCTOR_TOKEN" not in reader.split("environment:")[1].splitlines()[0]
+    assert "left a file in /tmp" in _outputs(graded["dir"], "leaves_files_for_the_next_run")
+    assert not list(Path("/tmp").glob("mgpu-left-behind")) and not list(Path("/dev/shm").glob("mgpu-left-behind"))
+
+
+def test_paths_from_the_run_are_never_followed(graded):
+    text = _outputs(graded["dir"], "output_links")
+    assert "could not replace output/: PermissionError" in text and "REPLACED" not in text
+    epochs = graded["records"]["output_links"]["epochs"]
+    assert [e["epoch"] for e in epochs] == [0, 1, 2] and all(e["accuracy"] is None for e in epochs)
+    assert "rejected: link" in graded["records"]["symlinked_submission"]["reason"] or \
+        "link" in graded["records"]["symlinked_submission"]["reason"]
+
+
+def test_a_run_that_fills_its_disk_fails_alone_and_the_reports_are_written(graded):
+    record = graded["records"]["fills_its_disk"]
+    assert not record["passed"]
+    assert (graded["dir"] / "autograder" / "assessment" / "report.html").exists()
+    assert (graded["dir"] / "autograder" / "assessment" / "grades.csv").read_text().count("\n") >= len(corpus.CASES)
 
 
 def test_honest_twins_are_not_taken_for_copies(graded):
