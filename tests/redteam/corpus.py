@@ -396,7 +396,8 @@ except Exception as error:
 _PLANTED = """
 import os
 planted = 'print("all tests passed"); open("/tmp/PLANTED-RAN", "w").write("x")\\n'
-for where in (os.getcwd(), os.path.dirname(os.getcwd()), output_dir, "/tmp"):
+# (not in its own current folder: the workers start there, and would import them themselves)
+for where in (os.path.dirname(os.getcwd()), output_dir, data_dir, "/tmp", os.path.expanduser("~")):
     for name in ("autograder/__init__.py", "autograder/checks.py", "mgpu/__init__.py", "mgpu/assessment.py",
                  "json.py", "sitecustomize.py", "usercustomize.py", "nbformat.py"):
         try:
