@@ -10,6 +10,7 @@
 - ``autograder.execute``  the papermill child process the sandbox starts
 - ``autograder.measure``  held-out accuracy of the saved weights, and the pass/fail decision
 - ``autograder.report``   grades.csv and report.html for the cohort
+- ``autograder.certify``  signs the eligible passes' certificates after grading, running no submission code
 - ``autograder.certificates`` signed certificates of competency: keys, issue (JSON, PDF, PNG), verify, revoke
 - ``autograder.cohort``   a demonstration cohort (reference, unconverted, crashing, ...) for tests
 """

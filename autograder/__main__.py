@@ -1,12 +1,16 @@
-"""Command line: ``python -m autograder grade|keys|verify|revoke``.
+"""Command line: ``python -m autograder grade|certify|keys|verify|revoke``.
 
 ``grade COURSE_DIR --assignment A --profile P --workers N`` grades every submission under
 ``COURSE_DIR/submitted/<student>/<assignment>/`` (or first imports a folder or zip of notebooks with
 ``--submissions``), then prints one line per student and where the gradebook, the CSV and the HTML
-report are. Graded submissions, passed or not, give exit status 0.
+report are. Graded submissions, passed or not, give exit status 0. ``grade`` never loads the
+signing key: it notes which passes are eligible for a certificate.
 
 Certificates (:mod:`autograder.certificates`):
 
+- ``certify COURSE_DIR --assignment A --profile P --workers N [--key PEM]`` signs them afterwards
+  (:mod:`autograder.certify`), in a process that runs no submission code: it refuses while a
+  grader holds the course, then prints one line per certificate issued and where they are;
 - ``keys init [--course COURSE_DIR | --key-dir DIR] [--force]`` makes the course's signing key pair
   and prints the public key (never the private one);
 - ``verify CERT [--public-key PEM | --course COURSE_DIR] [--revoked FILE]`` checks a certificate's
@@ -42,8 +46,17 @@ def main(argv: list[str] | None = None) -> int:
     grade.add_argument("--no-isolation", action="store_true",
                        help="run without the network/mount namespaces (debugging only)")
     grade.add_argument("--no-progress", action="store_true")
+    certify = sub.add_parser("certify", help="sign the certificates of the eligible passes (after grade)")
+    certify.add_argument("course_dir", help="the nbgrader course folder (this repo's: assignments/)")
+    certify.add_argument("--assignment", default="assessment")
+    certify.add_argument("--profile", default="cpu", help="the profile the passes were graded on")
+    certify.add_argument("--workers", type=int, default=2, help="the Horovod workers they were graded with")
+    certify.add_argument("--key", help="the signing key (default: COURSE_DIR/.keys/signing_key.pem), e.g. "
+                         "on removable media")
     _add_certificate_commands(sub)
     args = parser.parse_args(argv)
+    if args.command == "certify":
+        return _certify_command(args)
     if args.command != "grade":
         return _certificate_command(args)
 
@@ -114,6 +127,28 @@ def _add_certificate_commands(sub) -> None:
 def _no_course(course_dir: str, instead: str) -> str:
     return (f"error: no course folder {course_dir}: pass the folder that holds nbgrader_config.py (this repo's "
             f"is assignments/) or {instead}")
+
+
+def _certify_command(args) -> int:
+    from autograder import certificates, certify
+    from autograder.course import CourseError
+    from mgpu import assessment
+
+    if not os.path.isdir(args.course_dir):
+        print(f"error: no course folder {args.course_dir}: pass the folder that holds nbgrader_config.py "
+              "and autograder/ (this repo's is assignments/)", file=sys.stderr)
+        return 2
+    try:
+        profile = assessment.profile(args.profile, args.workers)
+    except KeyError as error:
+        print(f"error: {error.args[0]}", file=sys.stderr)
+        return 2
+    try:
+        certify.issue_certificates(args.course_dir, args.assignment, profile, key_path=args.key)
+    except (CourseError, certificates.CertificateError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    return 0
 
 
 def _certificate_command(args) -> int:

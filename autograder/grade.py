@@ -23,9 +23,12 @@
 6. writes ``autograder/<assignment>/<student>.json``.
 
 Then, for the cohort: submissions whose saved weights are identical to another's are failed as
-copies (:func:`flag_copied_weights`), passes on an official profile with a real dataset get a
-signed certificate (:mod:`autograder.certificates`), and ``grades.csv`` and ``report.html`` are
-written (:mod:`autograder.report`).
+copies (:func:`flag_copied_weights`, which also revokes a certificate already issued), passes on an
+official profile with a real dataset are noted as eligible for a certificate
+(:func:`note_certificates`), and ``grades.csv`` and ``report.html`` are written
+(:mod:`autograder.report`). Grading never loads the course's signing key: ``python -m autograder
+certify`` (:mod:`autograder.certify`) signs the certificates afterwards, in a process that runs no
+submission code.
 
 A rerun skips every submission already graded from the same notebook file (by SHA-256) unless
 ``force``; a grader killed part-way leaves nothing half-written, and its rerun grades what is
@@ -524,18 +527,6 @@ def remove_stale_work_folders() -> int:
     return removed
 
 
-def _student_name(course: course_mod.Course, student: str) -> str:
-    from nbgrader.api import Gradebook, MissingEntry
-
-    try:
-        with Gradebook(course.db_url) as gb:
-            found = gb.find_student(student)
-            name = " ".join(n for n in (found.first_name, found.last_name) if n)
-    except MissingEntry:
-        name = ""
-    return name.strip() or student
-
-
 def _regrade_outcome(grader: CohortGrader, record: dict, reason: str) -> None:
     """Fail the outcome cell of an already graded submission and rescore it in the gradebook."""
     course = grader.course
@@ -596,53 +587,40 @@ def flag_copied_weights(grader: CohortGrader, records: list[dict]) -> list[str]:
     return flagged
 
 
-def issue_certificates(grader: CohortGrader, records: list[dict], log=print) -> list[str]:
-    """A signed certificate for every pass that earns one and has none yet; a note for the others."""
-    from autograder import certificates
+def note_certificates(grader: CohortGrader, records: list[dict], log=print) -> list[str]:
+    """Note in each record of this profile whether it can earn a certificate; returns the students who can.
 
-    key_path = certificates.default_key_dir(grader.course.root) / "signing_key.pem"
-    out_dir = grader.course.results_dir() / "certificates"
-    issued = []
-    private_key = None
+    Grading signs nothing and never loads the signing key (the process runs submissions): an
+    eligible pass is noted with the command that signs it, ``python -m autograder certify``
+    (:mod:`autograder.certify`), which the instructor runs once the grader has finished.
+    """
+    from autograder import certificates, certify
+
+    sign = certify.command(grader.course.root, grader.course.assignment, grader.profile)
+    eligible = []
     for record in records:
-        if record.get("certificate"):
+        on_profile = (record.get("profile"), record.get("workers")) == (grader.profile.name, grader.profile.workers)
+        if record.get("certificate") or not on_profile:
             continue
         why = certificates.why_no_certificate(grader.profile, bool(record.get("dataset_real")),
                                               bool(record.get("passed")))
-        if why is None and not key_path.exists():
-            why = (f"no signing key in {key_path.parent}: run python -m autograder keys init --course "
-                   f"{grader.course.root} and grade again")
         if why is None:
-            if private_key is None:
-                private_key = certificates.load_private_key(key_path)
-            files = certificates.issue({
-                "name": _student_name(grader.course, record["student"]), "student_id": record["student"],
-                "course": certificates.COURSE_NAME, "course_id": grader.course.course_id,
-                "assignment": record["assignment"], "accuracy": float(record["accuracy"]),
-                "target_accuracy": float(record["target_accuracy"]),
-                "reached_seconds": float(record["reached_seconds"]),
-                "time_budget_s": float(record["time_budget_s"]), "profile": record["profile"],
-                "workers": int(record["workers"]), "dataset": record["dataset"],
-                "dataset_fingerprint": record["dataset_fingerprint"],
-                "submission_sha256": record["submission_sha256"],
-                "grader_version": certificates.grader_version()}, private_key, out_dir)
-            record["certificate"], record["certificate_note"] = files.json.stem, ""
-            issued.append(record["student"])
-        elif record.get("certificate_note") == why:
+            why = f"eligible: run {sign} to sign"
+            eligible.append(record["student"])
+        if record.get("certificate_note") == why:
             continue
-        else:
-            record["certificate_note"] = why
+        record["certificate_note"] = why
         report.write_atomically(grader.course.results_dir() / f"{record['student']}.json",
                                 json.dumps(record, indent=1))
-    if issued:
-        log(f"issued {len(issued)} certificate(s) into {out_dir}")
-    return issued
+    if eligible:
+        log(f"{len(eligible)} pass(es) eligible for a certificate; grading signs nothing: sign them with\n  {sign}")
+    return eligible
 
 
 def grade_course(course_dir, assignment: str, profile: assessment.Profile, *, submissions=None,
                  force: bool = False, jobs: int | None = None, isolate: bool = True,
                  timeout_s: float | None = None, progress: bool = True, log=print) -> list[Verdict]:
-    """Grade every (new or changed) submission; flag copies, certify, write the reports; return the verdicts.
+    """Grade every (new or changed) submission; flag copies, note certificates, write the reports; return the verdicts.
 
     Raises :class:`course_mod.CourseError` (one line naming the fix) on bad input, when another
     grader holds the course, and (as :class:`DiskFull`) when the disk fills up.
@@ -723,7 +701,7 @@ def _grade_locked(grader: CohortGrader, submissions, force: bool, jobs, progress
     flagged = set(flag_copied_weights(grader, records))
     if flagged:
         log(f"copied weights: {', '.join(sorted(flagged))} failed (identical weights)")
-    issue_certificates(grader, records, log)
+    note_certificates(grader, records, log)
     by_student = {r["student"]: r for r in records}
     for verdict in verdicts:  # what the cohort checks changed
         record = by_student.get(verdict.student, {})

@@ -1,10 +1,14 @@
 """Signed certificates: keys, issuing (JSON, PDF, PNG), verification against tampering and junk,
-revocation, eligibility, and the keys/verify/revoke commands. Real Ed25519 keys, real files."""
+revocation, eligibility, the keys/verify/revoke commands, and signing apart from grading (grade
+notes, certify signs). Real Ed25519 keys, real files."""
 
 import base64
 import dataclasses
+import fcntl
 import json
+import os
 import random
+import shutil
 import stat
 import subprocess
 import sys
@@ -410,3 +414,172 @@ def test_verify_with_a_course_folder_uses_its_keys_and_revocation_list(tmp_path)
     assert (course / "autograder" / "revoked.txt").exists()
     result = _cli("verify", files.json, "--course", course)
     assert result.returncode == 1 and "revoked: withdrawn" in result.stdout
+
+
+# ------------------------------------------------------------------ grade notes, certify signs
+
+#: ``python -m autograder`` with the cpu row made official (no official row exists yet); prints on
+#: stderr which modules that run notebooks (or TensorFlow) the process imported.
+OFFICIAL_CPU = """
+import dataclasses, json, sys
+from mgpu import assessment
+row = assessment.profile("cpu", 2)
+assessment.PROFILES[row.key] = dataclasses.replace(row, official=True)
+from autograder.__main__ import main
+code = main(sys.argv[1:])
+runners = {"tensorflow", "keras", "horovod", "papermill", "nbclient", "nbconvert", "nbgrader", "jupyter_client",
+           "ipykernel"}
+print("imported:", json.dumps(sorted({m.split(".")[0] for m in sys.modules} & runners)), file=sys.stderr)
+sys.exit(code)
+"""
+
+
+def _official_cli(*args):
+    return subprocess.run([sys.executable, "-c", OFFICIAL_CPU, *map(str, args)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+
+
+def _graded_course(tmp_path, student="s1815", **changes) -> Path:
+    """A course folder holding one record as the grader writes it: a pass on cpu, 2 workers, real data."""
+    from dataclasses import asdict
+
+    from autograder.grade import Verdict
+
+    course = tmp_path / "course"
+    shutil.copytree(ROOT / "assignments" / "source", course / "source")
+    shutil.copyfile(ROOT / "assignments" / "nbgrader_config.py", course / "nbgrader_config.py")
+    profile = assessment.profile("cpu", 2)
+    verdict = Verdict(student, "assessment", "5e" * 32, True, [], outcome_passed=True, score=10.0, max_score=10.0,
+                      run_status="ok", accuracy=0.8731, reached_seconds=59.4, profile=profile.name,
+                      workers=profile.workers, target_accuracy=profile.target_accuracy,
+                      time_budget_s=profile.time_budget_s, dataset="fashion_mnist",
+                      dataset_fingerprint="sha256:3f2a9c0d11e4b7a8", dataset_real=True)
+    for name, value in changes.items():
+        setattr(verdict, name, value)
+    results = course / "autograder" / "assessment"
+    results.mkdir(parents=True)
+    record = asdict(verdict) | {"reason": verdict.reason, "overhead_seconds": verdict.overhead_seconds}
+    (results / f"{student}.json").write_text(json.dumps(record, indent=1))
+    return course
+
+
+def _record(course, student="s1815") -> dict:
+    return json.loads((course / "autograder" / "assessment" / f"{student}.json").read_text())
+
+
+def test_grading_never_refers_to_the_signing_key():
+    source = (ROOT / "autograder" / "grade.py").read_text()
+    for word in ("signing_key", "load_private_key", "issue_certificates", "PRIVATE_KEY_FILE", "certificates.issue"):
+        assert word not in source, word
+
+
+def test_grade_notes_an_official_pass_and_signs_nothing_then_certify_signs_it(tmp_path, monkeypatch):
+    from autograder import grade as grading
+    from nbgrader.api import Gradebook
+
+    course = _graded_course(tmp_path)
+    assert _cli("keys", "init", "--course", course).returncode == 0
+    official = dataclasses.replace(assessment.profile("cpu", 2), official=True)
+    grader = grading.CohortGrader(course, "assessment", official)
+    with Gradebook(grader.course.db_url) as gb:
+        gb.add_student("s1815", first_name="Ada", last_name="Lovelace")
+
+    def no_key(*args, **kwargs):
+        raise AssertionError("grading touched the signing key")
+
+    monkeypatch.setattr(certificates, "load_private_key", no_key)
+    monkeypatch.setattr(certificates, "issue", no_key)
+    logged = []
+    assert grading.note_certificates(grader, grading.load_verdicts(grader.course.results_dir()),
+                                     logged.append) == ["s1815"]
+    record = _record(course)
+    folder = course / "autograder" / "assessment" / "certificates"
+    assert record["certificate"] == "" and not folder.exists()
+    sign = f"python -m autograder certify {course} --assignment assessment --profile cpu --workers 2"
+    assert record["certificate_note"] == f"eligible: run {sign} to sign"
+    assert len(logged) == 1 and sign in logged[0]
+
+    result = _official_cli("certify", course, "--assignment", "assessment", "--profile", "cpu", "--workers", "2")
+    assert result.returncode == 0, result.stderr
+    record = _record(course)
+    assert record["certificate"] and record["certificate_note"] == ""
+    pdf = folder / f"{record['certificate']}.pdf"
+    lines = result.stdout.strip().splitlines()
+    assert len(lines) == 2 and record["certificate"] in lines[0] and str(pdf) in lines[0]
+    assert lines[1] == f"issued 1 certificate(s) into {folder}"
+    assert record["certificate"] in (course / "autograder" / "assessment" / "grades.csv").read_text()
+    valid = _cli("verify", pdf, "--course", course)
+    assert valid.returncode == 0 and valid.stdout.startswith("VALID: Ada Lovelace (student s1815)"), valid.stdout
+    fields = json.loads((folder / f"{record['certificate']}.json").read_text())["certificate"]
+    assert fields["course_id"] == "mgpu-assessment" and fields["accuracy"] == 0.8731 and fields["workers"] == 2
+
+    again = _official_cli("certify", course, "--profile", "cpu", "--workers", "2")
+    assert again.returncode == 0 and again.stdout.startswith("no certificate issued"), again.stdout
+    assert _record(course) == record and len(list(folder.glob("*.json"))) == 1
+
+
+def test_certify_never_imports_tensorflow_or_a_notebook_runner(tmp_path):
+    course = _graded_course(tmp_path)
+    assert _cli("keys", "init", "--course", course).returncode == 0
+    result = _official_cli("certify", course, "--profile", "cpu", "--workers", "2")
+    assert result.returncode == 0 and _record(course)["certificate"], result.stderr
+    assert result.stderr.strip().splitlines()[-1] == "imported: []"
+
+
+def test_certify_refuses_while_a_grader_holds_the_course(tmp_path):
+    course = _graded_course(tmp_path)
+    assert _cli("keys", "init", "--course", course).returncode == 0
+    before = _record(course)
+    fd = os.open(course / ".grader.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        result = _official_cli("certify", course, "--profile", "cpu", "--workers", "2")
+    finally:
+        os.close(fd)
+    lines = [line for line in result.stderr.strip().splitlines() if not line.startswith("imported:")]
+    assert result.returncode == 2 and len(lines) == 1 and "a grader is working on" in lines[0], result.stderr
+    assert result.stdout == "" and _record(course) == before
+    assert not (course / "autograder" / "assessment" / "certificates").exists()
+
+
+def test_certify_without_a_key_names_keys_init_or_key_and_accepts_a_key_elsewhere(tmp_path):
+    course = _graded_course(tmp_path)
+    missing = _official_cli("certify", course, "--profile", "cpu", "--workers", "2")
+    lines = [line for line in missing.stderr.strip().splitlines() if not line.startswith("imported:")]
+    assert missing.returncode == 2 and len(lines) == 1, missing.stderr
+    assert "keys init" in lines[0] and "--key" in lines[0] and _record(course)["certificate"] == ""
+
+    private_path, public_path = certificates.init_keys(tmp_path / "usb")
+    result = _official_cli("certify", course, "--profile", "cpu", "--workers", "2", "--key", private_path)
+    assert result.returncode == 0, result.stderr
+    assert not (course / ".keys").exists()
+    pdf = course / "autograder" / "assessment" / "certificates" / f"{_record(course)['certificate']}.pdf"
+    valid = _cli("verify", pdf, "--public-key", public_path)
+    assert valid.returncode == 0 and valid.stdout.startswith("VALID: s1815 (student s1815)"), valid.stdout
+
+
+def test_certify_signs_no_practice_pass_no_failure_and_no_other_profile(tmp_path):
+    course = _graded_course(tmp_path)
+    assert _cli("keys", "init", "--course", course).returncode == 0
+    practice = _cli("certify", course, "--assignment", "assessment", "--profile", "cpu", "--workers", "2")
+    assert practice.returncode == 0 and practice.stdout.startswith("no certificate issued"), practice.stderr
+    assert _record(course)["certificate_note"] == (
+        "practice profile cpu: report only, certificates are issued on official profiles")
+
+    failed = _graded_course(tmp_path / "failed", passed=False, reasons=["target not reached"])
+    assert _cli("keys", "init", "--course", failed).returncode == 0
+    assert _official_cli("certify", failed, "--profile", "cpu", "--workers", "2").returncode == 0
+    assert _record(failed)["certificate"] == "" and _record(failed)["certificate_note"].startswith("not passed")
+
+    other = _graded_course(tmp_path / "other", workers=4)
+    assert _cli("keys", "init", "--course", other).returncode == 0
+    assert _official_cli("certify", other, "--profile", "cpu", "--workers", "2").returncode == 0
+    assert _record(other)["certificate"] == "" and _record(other)["certificate_note"] == ""
+    assert not (other / "autograder" / "assessment" / "certificates").exists()
+
+    for args, message in (([tmp_path / "none"], "no course folder"),
+                          ([course, "--assignment", "nothing"], "grade the assignment first"),
+                          ([course, "--profile", "nothing"], "nothing")):
+        bad = _cli("certify", *args)
+        lines = bad.stderr.strip().splitlines()
+        assert bad.returncode == 2 and len(lines) == 1 and message in lines[0], bad.stderr

@@ -203,6 +203,14 @@ def test_practice_profile_on_generated_data_earns_no_certificate(graded):
         if record["passed"]:
             assert "generated data" in record["certificate_note"], name
             assert "practice profile cpu" in record["certificate_note"], name
+    # The signing step agrees: nothing to sign, no record changed.
+    records = {p.name: p.read_text() for p in (graded["dir"] / "autograder" / "assessment").glob("*.json")}
+    result = subprocess.run([sys.executable, "-m", "autograder", "certify", str(graded["dir"]), "--assignment",
+                             "assessment", "--profile", "cpu", "--workers", "2"], capture_output=True, text=True,
+                            cwd=ROOT)
+    assert result.returncode == 0 and result.stdout.startswith("no certificate issued"), result.stdout + result.stderr
+    assert not (graded["dir"] / "autograder" / "assessment" / "certificates").exists()
+    assert {p.name: p.read_text() for p in (graded["dir"] / "autograder" / "assessment").glob("*.json")} == records
 
 
 def test_a_rerun_regrades_nothing_and_changes_nothing(graded):
@@ -215,22 +223,24 @@ def test_a_rerun_regrades_nothing_and_changes_nothing(graded):
 
 
 def test_passes_on_an_official_profile_with_real_data_get_a_certificate_that_verifies(graded, tmp_path):
-    """The certificate step on the corpus's real records, as if its profile were official and its
-    data Fashion-MNIST (which this machine cannot download): only the passes get one."""
+    """The certificate step (certify, after grading) on the corpus's real records, as if its profile
+    were official and its data Fashion-MNIST (which this machine cannot download): only the passes
+    get one."""
     import dataclasses
     import shutil
 
+    from autograder import certify
     from autograder import grade as grading
     from mgpu import assessment
 
     course_dir = tmp_path / "official"
     shutil.copytree(graded["dir"], course_dir, symlinks=True)
     profile = dataclasses.replace(assessment.profile("cpu", 2), official=True)
-    grader = grading.CohortGrader(course_dir, "assessment", profile)
-    records = grading.load_verdicts(grader.course.results_dir())
-    for record in records:
+    results = course_dir / "autograder" / "assessment"
+    for record in grading.load_verdicts(results):
         record["dataset_real"], record["certificate_note"] = True, ""
-    issued = grading.issue_certificates(grader, records, log=lambda *a: None)
+        (results / f"{record['student']}.json").write_text(json.dumps(record, indent=1))
+    issued = certify.issue_certificates(course_dir, "assessment", profile, log=lambda *a: None)
     assert sorted(issued) == sorted(n for n, r in graded["records"].items() if r["passed"])
     folder = course_dir / "autograder" / "assessment" / "certificates"
     for student in issued:
@@ -249,8 +259,7 @@ def test_passes_on_an_official_profile_with_real_data_get_a_certificate_that_ver
         bad = subprocess.run([*verify, str(forged)], capture_output=True, text=True, cwd=ROOT)
         assert bad.returncode == 1 and "field was changed" in bad.stdout
     # A rerun issues nothing twice.
-    assert grading.issue_certificates(grader, grading.load_verdicts(grader.course.results_dir()),
-                                      log=lambda *a: None) == []
+    assert certify.issue_certificates(course_dir, "assessment", profile, log=lambda *a: None) == []
 
 
 def _outputs(course_dir: Path, student: str) -> str:
