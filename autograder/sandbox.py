@@ -521,23 +521,24 @@ class Rejected(ValueError):
     """A file of the run the grader will not take; the message says why, in one line."""
 
 
-def read_regular(folder_fd: int, name: str, max_bytes: int, owner: int | None = None) -> bytes:
+def read_regular(folder_fd: int, name: str, max_bytes: int, owner: int | None = None, *,
+                 fix: str = "save with the locked callback") -> bytes:
     """The bytes of ``name`` in the folder open as ``folder_fd``, read as hostile data.
 
     Never follows a link and never blocks: only a regular file of at most ``max_bytes`` (counted
     while reading, not trusted from a stat), owned by ``owner`` when given; otherwise
-    :class:`Rejected` with the reason.
+    :class:`Rejected` with the reason (and ``fix``, what to do instead).
     """
     try:
         fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=folder_fd)
     except OSError as error:
         if error.errno == errno.ELOOP:
-            raise Rejected(f"{name} is a link, not a file: save with the locked callback") from None
+            raise Rejected(f"{name} is a link, not a file: {fix}") from None
         raise Rejected(f"{name} could not be opened ({error.strerror})") from None
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
-            raise Rejected(f"{name} is not a regular file (a folder, fifo or device)")
+            raise Rejected(f"{name} is not a regular file (a folder, fifo or device): {fix}")
         if owner is not None and info.st_uid != owner:
             raise Rejected(f"{name} was not written by a Horovod worker the grader started")
         chunks, total = [], 0
@@ -552,6 +553,19 @@ def read_regular(folder_fd: int, name: str, max_bytes: int, owner: int | None = 
         return b"".join(chunks)
     finally:
         os.close(fd)
+
+
+def read_path(path: str | os.PathLike, max_bytes: int, *, fix: str) -> bytes:
+    """:func:`read_regular` for a path: its last component is never followed (a link is refused)."""
+    path = Path(path)
+    try:
+        folder_fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError as error:
+        raise Rejected(f"{path.name} could not be opened ({error.strerror})") from None
+    try:
+        return read_regular(folder_fd, path.name, max_bytes, fix=fix)
+    finally:
+        os.close(folder_fd)
 
 
 def read_outputs(output: Path, pattern: str, max_bytes: int, owner: int | None) -> dict[str, bytes | Rejected]:
