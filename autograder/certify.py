@@ -121,7 +121,7 @@ def issue_certificates(course_dir, assignment: str, profile, *, key_path=None, l
             report.write_atomically(results / f"{record['student']}.json", json.dumps(record, indent=1))
             changed = True
         if changed:
-            report.write_reports(results, records, profile)
+            report.write_reports(results, records, profile, report.refused_imports(results))
         if issued:
             log(f"issued {len(issued)} certificate(s) into {out_dir}")
         else:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import stat
 import sys
 import warnings
 import zipfile
@@ -55,7 +56,25 @@ def _nbgrader_on_path() -> None:
 
 
 def file_sha256(path: Path) -> str:
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    """SHA-256 of a regular file's bytes, read without following a link or blocking on a fifo.
+
+    A link, fifo, folder or device gets a digest of its kind instead (so it is never "unchanged"
+    from a real notebook and is graded, and then rejected, like any other submission).
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as error:
+        return hashlib.sha256(f"unreadable: {error.strerror}".encode()).hexdigest()
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            return hashlib.sha256(f"not a regular file: mode {info.st_mode:o}".encode()).hexdigest()
+        digest = hashlib.sha256()
+        while chunk := os.read(fd, 1 << 20):
+            digest.update(chunk)
+        return digest.hexdigest()
+    finally:
+        os.close(fd)
 
 
 def copy_course(destination: str | os.PathLike, assignment: str = "assessment") -> "Course":
@@ -191,37 +210,89 @@ class Course:
             return []
         return sorted(p.name for p in base.iterdir() if (p / self.assignment).is_dir())
 
-    def import_submissions(self, path: str | os.PathLike) -> list[str]:
-        """Copy a folder or zip of notebooks into ``submitted/<stem>/<assignment>/``; returns the ids."""
+    def refused_imports_path(self) -> Path:
+        """Where :meth:`import_submissions` lists what it left out (read by :func:`report.refused_imports`)."""
+        return self.results_dir() / "import" / "refused.json"
+
+    def import_submissions(self, path: str | os.PathLike) -> tuple[list[str], list[dict]]:
+        """Copy a folder or zip of notebooks into ``submitted/<stem>/<assignment>/``.
+
+        Returns ``(imported, refused)``: the student ids written, and ``{"name", "reason"}`` for each
+        notebook left out — a link, a fifo, a folder or a device (never followed or read), a file or
+        zip entry over :data:`validate.MAX_NOTEBOOK_BYTES` (a zip entry's declared size is checked
+        before anything is written, and the bytes are counted while they are copied), a zip entry
+        whose CRC does not match, and every one of two or more names that map to the same student
+        id (none of them replaces the other). Each notebook is written atomically; the refusals are
+        kept in :meth:`refused_imports_path` for the report. Raises :class:`CourseError` when
+        ``path`` is missing or holds no notebook to import.
+        """
+        from autograder import validate
+
         path = Path(path)
         notebook_id = self.notebook_ids()[0]
-        if not path.exists():
+        if not os.path.lexists(path):
             raise CourseError(f"no such submissions folder or zip: {path}")
-        students = []
+        if path.is_symlink():
+            raise CourseError(f"{path} is a link: pass the folder or zip itself")
+        limit = validate.MAX_NOTEBOOK_BYTES
+        found: dict[str, list[str]] = {}   # student id -> names in the batch
+        readers: dict[str, object] = {}   # name -> callable returning the bytes or raising _Refused
+        refused: list[dict] = []
         if path.is_file() and zipfile.is_zipfile(path):
-            with zipfile.ZipFile(path) as archive:
-                for info in archive.infolist():
-                    name = Path(info.filename)
-                    if info.is_dir() or name.suffix != ".ipynb" or name.name.startswith("."):
-                        continue
-                    student = _student_id(name.stem)
-                    target = self.submitted_dir(student) / f"{notebook_id}.ipynb"
-                    target.parent.mkdir(parents=True, exist_ok=True)
-                    with archive.open(info) as src, open(target, "wb") as dst:
-                        shutil.copyfileobj(src, dst, length=1 << 20)
-                    students.append(student)
+            archive = zipfile.ZipFile(path)
+            for info in archive.infolist():
+                name = info.filename
+                stem = Path(name)
+                if info.is_dir() or stem.suffix != ".ipynb" or stem.name.startswith(".") or \
+                        name.startswith("__MACOSX/"):
+                    continue
+                if info.file_size > limit:
+                    refused.append({"name": name, "reason": f"{info.file_size / 2**20:.1f} MB unpacked, more "
+                                    f"than the {limit / 2**20:.0f} MB limit"})
+                    continue
+                found.setdefault(_student_id(stem.stem), []).append(name)
+                readers[name] = (lambda info=info: _read_zip_entry(archive, info, limit))
         elif path.is_dir():
-            for notebook in sorted(path.glob("*.ipynb")):
-                student = _student_id(notebook.stem)
-                target = self.submitted_dir(student) / f"{notebook_id}.ipynb"
-                target.parent.mkdir(parents=True, exist_ok=True)
-                shutil.copyfile(notebook, target)
-                students.append(student)
+            archive = None
+            for entry in sorted(os.scandir(path), key=lambda e: e.name):
+                if not entry.name.endswith(".ipynb") or entry.name.startswith("."):
+                    continue
+                found.setdefault(_student_id(entry.name[:-len(".ipynb")]), []).append(entry.name)
+                readers[entry.name] = (lambda entry=entry: _read_file_entry(path, entry.name, limit))
         else:
             raise CourseError(f"{path} is neither a folder of notebooks nor a zip file")
-        if not students:
+        try:
+            imported = []
+            for student, names in sorted(found.items()):
+                if len(names) > 1:
+                    for name in names:
+                        others = ", ".join(n for n in names if n != name)
+                        refused.append({"name": name, "reason": f"names the same student ({student}) as "
+                                        f"{others}: none of them was imported; rename and import again"})
+                    continue
+                try:
+                    data = readers[names[0]]()
+                except _Refused as error:
+                    refused.append({"name": names[0], "reason": str(error)})
+                    continue
+                target = self.submitted_dir(student) / f"{notebook_id}.ipynb"
+                target.parent.mkdir(parents=True, exist_ok=True)
+                _write_bytes_atomically(target, data)
+                imported.append(student)
+        finally:
+            if archive is not None:
+                archive.close()
+        refused.sort(key=lambda r: r["name"])
+        import json
+
+        _write_atomically(self.refused_imports_path(), json.dumps(refused, indent=1))
+        if not imported:
+            if refused:
+                raise CourseError(f"nothing imported from {path}: {len(refused)} notebook(s) refused "
+                                  f"({refused[0]['name']}: {refused[0]['reason']}); they are listed in "
+                                  f"{self.refused_imports_path()}")
             raise CourseError(f"no .ipynb files in {path}")
-        return students
+        return imported, refused
 
     # ------------------------------------------------------------------------ notebook edits
 
@@ -332,8 +403,14 @@ class Course:
         folder = self.executed_dir(student)
         folder.mkdir(parents=True, exist_ok=True)
         _write_atomically(folder / f"{notebook_id}.ipynb", nbformat.writes(executed_notebook))
-        if timestamp is not None and timestamp.exists():
-            shutil.copyfile(timestamp, folder / "timestamp.txt")
+        if timestamp is not None and os.path.lexists(timestamp):
+            from autograder import sandbox
+
+            try:  # nbgrader's submission time: a short text file, read like any other submitted file
+                _write_bytes_atomically(folder / "timestamp.txt",
+                                        sandbox.read_path(timestamp, 4096, fix="resubmit through nbgrader"))
+            except sandbox.Rejected:
+                pass
         result = self.api.autograde(self.assignment, student, force=True, create=True)
         if not result["success"]:
             last = (result.get("error") or result.get("log") or "").strip().splitlines()[-1:]
@@ -385,6 +462,52 @@ def _graded_metadata(cell) -> dict:
     if not isinstance(info, dict):
         return {}
     return {k: info.get(k) for k in ("grade_id", "grade", "solution", "locked", "points")}
+
+
+class _Refused(ValueError):
+    """A notebook in a batch that is not imported; the message says why."""
+
+
+def _read_zip_entry(archive: zipfile.ZipFile, info: zipfile.ZipInfo, limit: int) -> bytes:
+    chunks, total = [], 0
+    try:
+        with archive.open(info) as source:  # zipfile stops at the declared size and checks the CRC
+            while total <= limit:
+                chunk = source.read(1 << 20)
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                total += len(chunk)
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, NotImplementedError, RuntimeError, OSError,
+            EOFError, ValueError) as error:  # bad CRC, unknown compression, encrypted, truncated
+        raise _Refused(f"unreadable zip entry ({error}): add the notebook to the zip again") from None
+    if total > limit:
+        raise _Refused(f"more than the {limit / 2**20:.0f} MB limit")
+    return b"".join(chunks)
+
+
+def _read_file_entry(folder: Path, name: str, limit: int) -> bytes:
+    from autograder import sandbox
+
+    try:
+        return sandbox.read_path(folder / name, limit, fix="put the notebook file itself in the folder")
+    except sandbox.Rejected as error:
+        raise _Refused(str(error)) from None
+
+
+def _write_bytes_atomically(path: Path, data: bytes) -> None:
+    import tempfile
+
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        if path.is_symlink() or (path.exists() and not path.is_file()):
+            path.unlink() if path.is_symlink() else shutil.rmtree(path)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 def _student_id(stem: str) -> str:

@@ -647,8 +647,10 @@ def _grade_locked(grader: CohortGrader, submissions, force: bool, jobs, progress
         log(f"cleaned up after an interrupted grading run: {killed} process(es) killed, "
             f"{stale} work folder(s) removed")
     if submissions is not None:
-        imported = grader.course.import_submissions(submissions)
+        imported, refused = grader.course.import_submissions(submissions)
         log(f"imported {len(imported)} submission(s) into {grader.course.root / 'submitted'}")
+        for entry in refused:
+            log(f"not imported: {entry['name']}: {entry['reason']}")
     students = grader.course.students()
     if not students:
         raise course_mod.CourseError(f"no submissions in {grader.course.root / 'submitted'}/<student>/"
@@ -696,6 +698,11 @@ def _grade_locked(grader: CohortGrader, submissions, force: bool, jobs, progress
             sandbox.unmount_stale(work_root)
             shutil.rmtree(work_root, ignore_errors=True)
         if disk_full is not None:
+            try:  # what was graded before the disk filled stays visible in the reports
+                report.write_reports(grader.course.results_dir(), load_verdicts(grader.course.results_dir()),
+                                     profile, report.refused_imports(grader.course.results_dir()))
+            except OSError as error:
+                log(f"the reports could not be updated either ({error.strerror or error})")
             raise OSError(errno.ENOSPC, str(disk_full))
     records = load_verdicts(grader.course.results_dir())
     flagged = set(flag_copied_weights(grader, records))
@@ -711,5 +718,7 @@ def _grade_locked(grader: CohortGrader, submissions, force: bool, jobs, progress
         verdict.certificate = record.get("certificate", "")
         verdict.certificate_note = record.get("certificate_note", "")
         verdict.score = record.get("score", verdict.score)
-    report.write_reports(grader.course.results_dir(), records, profile)
+    report.write_reports(grader.course.results_dir(), records, profile,
+                         report.refused_imports(grader.course.results_dir()))
     return sorted(verdicts, key=lambda v: v.student)
+

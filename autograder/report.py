@@ -12,6 +12,7 @@ import base64
 import csv
 import html
 import io
+import json
 import os
 import tempfile
 from pathlib import Path
@@ -36,7 +37,8 @@ def write_atomically(path: Path, text: str) -> None:
         raise
 
 
-def csv_text(records: list[dict]) -> str:
+def csv_text(records: list[dict], refused: list[dict] = ()) -> str:
+    """One row per graded student, then one per notebook the import refused (run_status ``not imported``)."""
     buffer = io.StringIO()
     writer = csv.DictWriter(buffer, fieldnames=CSV_COLUMNS, extrasaction="ignore")
     writer.writeheader()
@@ -44,6 +46,9 @@ def csv_text(records: list[dict]) -> str:
         row = {k: record.get(k) for k in CSV_COLUMNS}
         row["copied_from"] = " ".join(record.get("copied_from") or [])
         writer.writerow(row)
+    for entry in refused:
+        writer.writerow({"student": entry["name"], "passed": False, "run_status": "not imported",
+                         "reason": entry.get("reason", "")})
     return buffer.getvalue()
 
 
@@ -74,11 +79,21 @@ def accuracy_plot_png(records: list[dict], target: float | None, budget: float |
     return buffer.getvalue()
 
 
+def _refused_html(refused: list[dict]) -> str:
+    if not refused:
+        return ""
+    rows = "".join(f"<tr><td>{html.escape(e['name'])}</td><td>{html.escape(e.get('reason', ''))}</td></tr>"
+                   for e in refused)
+    return (f"<h2>Not imported ({len(refused)})</h2><p>Notebooks the last <code>--submissions</code> import "
+            f"left out; nothing of them is in the gradebook.</p>\n<table><tr><th>file</th><th>why</th></tr>"
+            f"{rows}</table>\n")
+
+
 def _number(value, digits: int) -> str:
     return "" if value is None else f"{value:.{digits}f}"
 
 
-def html_text(records: list[dict], profile) -> str:
+def html_text(records: list[dict], profile, refused: list[dict] = ()) -> str:
     records = sorted(records, key=lambda r: r["student"])
     passed = sum(1 for r in records if r.get("passed"))
     png = base64.b64encode(accuracy_plot_png(records, profile.target_accuracy, profile.time_budget_s)).decode()
@@ -106,15 +121,25 @@ held-out accuracy &ge; {profile.target_accuracy:.3f} for 2 consecutive epochs wi
 <th>target reached at (s)</th><th>notebook run (s)</th><th>certificate</th></tr>
 {''.join(rows)}
 </table>
-<h2>Held-out accuracy of each saved epoch against the grader's clock</h2>
+{_refused_html(refused)}<h2>Held-out accuracy of each saved epoch against the grader's clock</h2>
 <img alt="accuracy vs time" src="data:image/png;base64,{png}">
 </body></html>
 """
 
 
-def write_reports(folder: Path, records: list[dict], profile) -> tuple[Path, Path]:
+def refused_imports(folder: Path) -> list[dict]:
+    """What the last ``--submissions`` import left out (``import/refused.json``: name and reason)."""
+    try:
+        entries = json.loads((Path(folder) / "import" / "refused.json").read_text())
+    except (OSError, ValueError):
+        return []
+    return [e for e in entries if isinstance(e, dict) and isinstance(e.get("name"), str)]
+
+
+def write_reports(folder: Path, records: list[dict], profile, refused: list[dict] = ()) -> tuple[Path, Path]:
+    """``grades.csv`` and ``report.html``; ``refused`` lists the notebooks an import left out."""
     folder = Path(folder)
     csv_path, html_path = folder / "grades.csv", folder / "report.html"
-    write_atomically(csv_path, csv_text(records))
-    write_atomically(html_path, html_text(records, profile))
+    write_atomically(csv_path, csv_text(records, refused))
+    write_atomically(html_path, html_text(records, profile, refused))
     return csv_path, html_path
