@@ -200,6 +200,33 @@ def save_weights_atomically(weights: list[np.ndarray], path: str | os.PathLike) 
     return path
 
 
+def _check_npy_headers(path: Path, expected: list[np.ndarray]) -> None:
+    """Read each member's ``.npy`` header, and only the header, before numpy allocates anything.
+
+    A header may declare any shape (a terabyte, for a loader that trusts it): each must declare
+    the model's shape for its position, a number dtype, and no more bytes than the member holds.
+    """
+    with zipfile.ZipFile(path) as archive:
+        infos = {info.filename: info for info in archive.infolist()}
+        for i, want in enumerate(expected):
+            info = infos[f"arr_{i}.npy"]  # the caller has checked the names
+            with archive.open(info) as member:
+                version = np.lib.format.read_magic(member)
+                if version not in ((1, 0), (2, 0), (3, 0)):
+                    raise ValueError(f"unknown .npy version {version}")
+                read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                               else np.lib.format.read_array_header_2_0)
+                shape, _, dtype = read_header(member, max_header_size=10000)
+            if dtype.hasobject or dtype.kind not in "fiu":
+                raise WeightsRejected(f"{path.name} is not a plain numpy .npz file (weight {i} has dtype "
+                                      f"{dtype}, not a number type)")
+            if tuple(shape) != want.shape:
+                raise WeightsRejected(f"{path.name}: weight {i} has shape {tuple(shape)}, the reference "
+                                      f"model's is {want.shape}: the architecture must be reference_model()")
+            if int(np.prod(shape, dtype=np.int64)) * dtype.itemsize > info.file_size:
+                raise WeightsRejected(f"{path.name}: weight {i} declares more bytes than the file holds")
+
+
 def load_epoch_weights(path: str | os.PathLike, model) -> None:
     """Set ``model``'s weights from ``path`` by position and shape, or raise :class:`WeightsRejected`.
 
@@ -217,17 +244,19 @@ def load_epoch_weights(path: str | os.PathLike, model) -> None:
                               f"{MAX_WEIGHTS_BYTES / 1e6:.0f} MB a weights file may have")
     try:
         with zipfile.ZipFile(path) as archive:
-            unpacked = sum(info.file_size for info in archive.infolist())
+            members = archive.infolist()
+        unpacked = sum(info.file_size for info in members)
         if unpacked > MAX_WEIGHTS_BYTES:
             raise WeightsRejected(f"{path.name} unpacks to {unpacked / 1e6:.0f} MB, more than "
                                   f"{MAX_WEIGHTS_BYTES / 1e6:.0f} MB")
+        names = sorted((info.filename for info in members), key=lambda n: (len(n), n))
+        wanted = [f"arr_{i}.npy" for i in range(len(expected))]
+        if names != wanted:
+            raise WeightsRejected(f"{path.name} holds {len(names)} arrays, the reference model "
+                                  f"has {len(expected)} weights: save with the locked callback")
+        _check_npy_headers(path, expected)
         with np.load(path, allow_pickle=False) as npz:
-            names = sorted(npz.files, key=lambda n: (len(n), n))
-            wanted = [f"arr_{i}" for i in range(len(expected))]
-            if names != wanted:
-                raise WeightsRejected(f"{path.name} holds {len(names)} arrays, the reference model "
-                                      f"has {len(expected)} weights: save with the locked callback")
-            arrays = [npz[name] for name in wanted]
+            arrays = [npz[name.removesuffix(".npy")] for name in wanted]
     except WeightsRejected:
         raise
     except (OSError, ValueError, zipfile.BadZipFile, EOFError) as error:
