@@ -1,5 +1,6 @@
 """mgpu.assessment: the data hand-off, the weights files the grader reads, the locked callbacks."""
 
+import io
 import json
 import zipfile
 
@@ -81,6 +82,35 @@ def test_pickled_or_non_numpy_files_are_never_loaded(tmp_path):
     with zipfile.ZipFile(tmp_path / "bomb.npz", "w", zipfile.ZIP_DEFLATED) as archive:
         archive.writestr("arr_0.npy", b"\0" * (assessment.MAX_WEIGHTS_BYTES + 1))
     _reject(tmp_path / "bomb.npz", "unpacks to")
+
+
+def _npy_member(shape, descr="<f4", data=b"") -> bytes:
+    header = f"{{'descr': '{descr}', 'fortran_order': False, 'shape': {tuple(shape)!r}, }}"
+    header += " " * (63 - len(header)) + "\n"
+    return b"\x93NUMPY\x01\x00" + len(header).to_bytes(2, "little") + header.encode() + data
+
+
+def test_a_header_is_checked_before_numpy_allocates_what_it_declares(tmp_path):
+    weights = assessment.reference_model().get_weights()
+
+    def npz(name, first: bytes):
+        with zipfile.ZipFile(tmp_path / name, "w") as archive:
+            archive.writestr("arr_0.npy", first)
+            for i, weight in enumerate(weights[1:], 1):
+                buffer = io.BytesIO()
+                np.save(buffer, weight)
+                archive.writestr(f"arr_{i}.npy", buffer.getvalue())
+        return tmp_path / name
+
+    # A terabyte declared (numpy would try to allocate it: MemoryError), then the right shape with
+    # too few bytes behind it; both refused from the header alone.
+    _reject(npz("huge.npz", _npy_member((10 ** 12,), data=b"\0" * 64)), r"weight 0 has shape \(1000000000000,\)")
+    _reject(npz("short.npz", _npy_member(weights[0].shape, data=b"\0" * 64)), "declares more bytes than")
+    _reject(npz("object.npz", _npy_member(weights[0].shape, descr="|O")), "not a plain numpy")
+    full = np.zeros(weights[0].shape, np.float32).tobytes()
+    model = assessment.reference_model()
+    assessment.load_epoch_weights(npz("honest.npz", _npy_member(weights[0].shape, data=full)), model)
+    assert not model.get_weights()[0].any()
 
 
 def test_profile_lookup_errors_name_the_choices():

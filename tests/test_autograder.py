@@ -2,6 +2,7 @@
 bad input on the command line, and skipping on a rerun."""
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -230,17 +231,122 @@ def test_a_zip_or_folder_of_notebooks_is_imported_as_submissions(course_dir, tmp
         archive.write(SOURCE, "hand-in/Ada Lovelace.ipynb")
         archive.writestr("hand-in/notes.txt", "not a notebook")
     course = course_mod.Course(course_dir, "assessment")
-    assert course.import_submissions(tmp_path / "batch.zip") == ["Ada_Lovelace"]
+    assert course.import_submissions(tmp_path / "batch.zip") == (["Ada_Lovelace"], [])
     target = course_dir / "submitted" / "Ada_Lovelace" / "assessment" / "assessment.ipynb"
     assert target.read_bytes() == SOURCE.read_bytes()
     folder = tmp_path / "folder"
     folder.mkdir()
     shutil.copyfile(SOURCE, folder / "grace.ipynb")
-    assert course.import_submissions(folder) == ["grace"]
+    assert course.import_submissions(folder) == (["grace"], [])
     with pytest.raises(course_mod.CourseError, match="no .ipynb files"):
         (tmp_path / "empty").mkdir()
         course.import_submissions(tmp_path / "empty")
     shutil.rmtree(course_dir / "submitted")
+
+
+def _zip_with_bad_crc(path, good: bytes) -> None:
+    import zipfile
+
+    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_STORED) as archive:
+        archive.writestr("bad.ipynb", good)
+        archive.writestr("fine.ipynb", good)
+    data = bytearray(path.read_bytes())
+    start = data.index(good)  # bad.ipynb's stored bytes come first: flip one of them
+    data[start + 10] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def test_an_import_reads_only_regular_files_and_refuses_the_rest_by_name(course_dir, tmp_path):
+    import zipfile
+
+    from autograder import report, validate
+
+    course = course_mod.Course(course_dir, "assessment")
+    secret = course_dir / "source" / "assessment" / "assessment.ipynb"
+    folder = tmp_path / "hand-in"
+    folder.mkdir()
+    shutil.copyfile(SOURCE, folder / "ok.ipynb")
+    (folder / "link.ipynb").symlink_to(secret)
+    (folder / "zero.ipynb").symlink_to("/dev/zero")
+    os.mkfifo(folder / "fifo.ipynb")
+    (folder / "folder.ipynb").mkdir()
+    (folder / "big.ipynb").write_bytes(b" " * (validate.MAX_NOTEBOOK_BYTES + 1))
+    shutil.copyfile(SOURCE, folder / "Ann B.ipynb")   # both are the student id Ann_B:
+    shutil.copyfile(SOURCE, folder / "Ann_B.ipynb")   # neither may replace the other
+    imported, refused = course.import_submissions(folder)
+    assert imported == ["ok"]
+    reasons = {entry["name"]: entry["reason"] for entry in refused}
+    assert set(reasons) == {"link.ipynb", "zero.ipynb", "fifo.ipynb", "folder.ipynb", "big.ipynb",
+                            "Ann B.ipynb", "Ann_B.ipynb"}
+    assert "is a link" in reasons["link.ipynb"] and "is a link" in reasons["zero.ipynb"]
+    assert "not a regular file" in reasons["fifo.ipynb"] and "not a regular file" in reasons["folder.ipynb"]
+    assert "larger than" in reasons["big.ipynb"] and "Ann_B.ipynb" in reasons["Ann B.ipynb"]
+    assert sorted(p.name for p in (course_dir / "submitted").iterdir()) == ["ok"]
+    assert report.refused_imports(course.results_dir()) == sorted(refused, key=lambda e: e["name"])
+    assert "not imported" in report.csv_text([], refused)
+
+    # A zip: a bad CRC refuses that entry alone; a declared size over the limit is refused unread.
+    _zip_with_bad_crc(tmp_path / "crc.zip", SOURCE.read_bytes())
+    imported, refused = course.import_submissions(tmp_path / "crc.zip")
+    assert imported == ["fine"] and [e["name"] for e in refused] == ["bad.ipynb"]
+    assert "unreadable zip entry" in refused[0]["reason"]
+    assert not (course_dir / "submitted" / "bad").exists()
+    with zipfile.ZipFile(tmp_path / "bomb.zip", "w", compression=zipfile.ZIP_DEFLATED) as archive:
+        archive.writestr("bomb.ipynb", b"\0" * (64 * 2**20))  # 64 MiB of zeros: ~64 kB compressed
+    assert (tmp_path / "bomb.zip").stat().st_size < 2**20
+    with pytest.raises(course_mod.CourseError, match=r"nothing imported .* \(bomb.ipynb: 64.0 MB unpacked"):
+        course.import_submissions(tmp_path / "bomb.zip")
+    assert not (course_dir / "submitted" / "bomb").exists()
+    assert [e["name"] for e in report.refused_imports(course.results_dir())] == ["bomb.ipynb"]
+    shutil.rmtree(course_dir / "submitted")  # the module's course is shared: leave it as found
+    course.refused_imports_path().unlink()
+
+
+def test_load_submission_refuses_odd_metadata_of_any_type_with_one_line(tmp_path):
+    """Seeded random damage to the nbgrader metadata: the answer is a notebook or InvalidSubmission."""
+    import copy
+    import random
+
+    release = nbformat.read(SOURCE, as_version=4)
+    values = [None, "locked", 3, 2.5, True, [], ["grade_id"], {}, {"grade_id": None},
+              {"grade_id": ["x"]}, {"grade_id": {"a": 1}}, {"grade_id": 7}, {"solution": "yes"},
+              {"grade_id": "setup", "locked": "no"}, "x" * 1000, [[[]]]]
+    rng = random.Random(0)
+    outcomes = {"loaded": 0, "refused": 0}
+    for trial in range(60):
+        notebook = copy.deepcopy(release)
+        for _ in range(rng.randint(1, 3)):
+            cell = rng.choice(notebook.cells)
+            where = rng.choice(["nbgrader", "grade_id", "metadata"])
+            value = copy.deepcopy(rng.choice(values))
+            if where == "nbgrader":
+                cell.metadata["nbgrader"] = value
+            elif where == "grade_id" and isinstance(cell.metadata.get("nbgrader"), dict):
+                cell.metadata["nbgrader"]["grade_id"] = value
+            else:
+                cell.metadata[rng.choice(["tags", "jupyter", "x"])] = value
+        path = tmp_path / f"{trial}.ipynb"
+        path.write_text(json.dumps(notebook))
+        try:
+            validate.load_submission(path, {"training_program": None})
+            outcomes["loaded"] += 1
+        except validate.InvalidSubmission as error:
+            assert "\n" not in str(error) and ": " in str(error)
+            outcomes["refused"] += 1
+    assert outcomes["loaded"] and outcomes["refused"]
+    notebook = copy.deepcopy(release)
+    notebook.cells[0].metadata["nbgrader"] = "locked"
+    (tmp_path / "str.ipynb").write_text(json.dumps(notebook))
+    with pytest.raises(validate.InvalidSubmission, match="nbgrader metadata is not a mapping"):
+        validate.load_submission(tmp_path / "str.ipynb", {})
+    (tmp_path / "link.ipynb").symlink_to(SOURCE)
+    with pytest.raises(validate.InvalidSubmission, match="is a link"):
+        validate.load_submission(tmp_path / "link.ipynb", {})
+    os.mkfifo(tmp_path / "fifo.ipynb")
+    with pytest.raises(validate.InvalidSubmission, match="not a regular file"):
+        validate.load_submission(tmp_path / "fifo.ipynb", {})
+    assert course_mod.file_sha256(tmp_path / "fifo.ipynb") != course_mod.file_sha256(SOURCE)
+    assert course_mod.file_sha256(tmp_path / "link.ipynb") != course_mod.file_sha256(SOURCE)
 
 
 # --------------------------------------------------------------------------------- rerun skip
