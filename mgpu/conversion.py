@@ -112,9 +112,12 @@ fit_callbacks.append(hvd.callbacks.LearningRateWarmupCallback(  # @scale_lr
     initial_lr=lr, warmup_epochs=args.warmup_epochs, momentum_correction=False,  # @scale_lr
     steps_per_epoch=steps_per_epoch))  # @scale_lr
 fit_callbacks.append(callbacks.WallClockCSVLogger(os.path.join(args.out, "log.csv"), enabled=talk))
+# HDF5 locks the file it writes: two ranks saving to one file would stop the job, so a rank other
+# than 0 that saves gets a file of its own.
+checkpoint = "checkpoint.weights.h5" if rank == 0 else f"checkpoint.rank{{rank}}.weights.h5"
 if save_here:
     fit_callbacks.append(tf.keras.callbacks.ModelCheckpoint(
-        os.path.join(args.out, "checkpoint.weights.h5"), save_weights_only=True))
+        os.path.join(args.out, checkpoint), save_weights_only=True))
 
 os.makedirs(args.out, exist_ok=True)
 started = time.perf_counter()

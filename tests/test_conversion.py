@@ -87,3 +87,16 @@ def test_converted_script_on_two_workers_writes_from_rank0_only_and_ranks_agree(
     report = json.loads((out / "report.json").read_text())
     assert report["size"] == 2 and report["steps_per_epoch"] == 256 // (16 * 2)
     assert report["weight_spread"] < 1e-6
+
+
+@pytest.mark.slow
+def test_every_rank_saves_its_own_checkpoint_until_checkpoint_rank0(tmp_path):
+    """Before the last step all ranks save; each must have a file of its own (HDF5 locks the file)."""
+    script = conversion.write_script(tmp_path / "train_step8.py", STEPS[:-1])
+    out = tmp_path / "run"
+    args = ["--epochs", "2", "--batch", "16", "--width", "4", "--train-images", "256",
+            "--val-images", "64", "--out", str(out)]
+    result = launch.run_script(script, 2, args, cwd=tmp_path, verbose=False, check=False)
+    assert result.ok, result.failure_reason()
+    assert sorted(p.name for p in out.iterdir()) == ["checkpoint.rank1.weights.h5", "checkpoint.weights.h5",
+                                                      "log.csv", "report.json"]
