@@ -5,11 +5,12 @@ SMOKE ?= 0
 SEED ?= 0
 PORT ?= 8888
 
-.PHONY: setup course test lab tensorboard clean help assessment
+.PHONY: setup course course-check test lab tensorboard clean help assessment
 
 help:
 	@echo "make setup   create $(VENV) with the pinned stack and Horovod (idempotent)"
 	@echo "make course  execute every notebook headless (SMOKE=1 for the quick setting; SEED=n)"
+	@echo "make course-check  every notebook in the full setting for seeds 0 and 1 (SEEDS=...), one table"
 	@echo "make test    run the test suite (unit tests, real Horovod workers, notebooks in smoke mode)"
 	@echo "make lab     open JupyterLab on the notebooks (PORT=$(PORT))"
 	@echo "make tensorboard  open TensorBoard on build/profile (profiler traces from the labs)"
@@ -20,6 +21,9 @@ setup:
 
 course: setup
 	$(PY) -m mgpu.course $(if $(filter 1 true yes,$(SMOKE)),--smoke) --seed $(SEED)
+
+course-check: setup
+	$(PY) -m mgpu.course --check --seeds $(or $(SEEDS),0 1)
 
 test: setup
 	$(PY) -m pytest

@@ -1,0 +1,38 @@
+"""`python -m mgpu.course --check`: every notebook for every seed, failures carried on past and tabled."""
+
+import nbformat
+import pytest
+
+from mgpu import course
+
+
+def _notebook(path, body):
+    nb = nbformat.v4.new_notebook()
+    parameters = nbformat.v4.new_code_cell("smoke = False\nseed = 0")
+    parameters.metadata["tags"] = ["parameters"]
+    nb.cells = [parameters, nbformat.v4.new_code_cell(body)]
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(nb, path)
+    return path
+
+
+@pytest.mark.slow
+def test_check_runs_each_seed_in_its_own_folder_and_tables_every_failure(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("MGPU_BUILD_DIR", str(tmp_path / "build"))
+    notebooks = [
+        _notebook(tmp_path / "01_fine.ipynb", "import os\nprint('seed', seed, os.environ['MGPU_BUILD_DIR'])"),
+        _notebook(tmp_path / "02_prints.ipynb", "print('variant 3: FAILED' if seed == 1 else 'all rows ran')"),
+        _notebook(tmp_path / "03_raises.ipynb", "assert seed != 0, 'the effect was not seen'"),
+    ]
+    assert course.check(notebooks, [0, 1], smoke=True) == 1
+    table = (tmp_path / "build" / "course-check" / "table.md").read_text()
+    rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:4]]
+            for line in table.splitlines()[2:]}
+    assert "FAILED" not in "".join(rows["01_fine"])
+    assert "FAILED" not in rows["02_prints"][0] and "variant 3: FAILED" in rows["02_prints"][1]
+    assert "the effect was not seen" in rows["03_raises"][0] and "FAILED" not in rows["03_raises"][1]
+    for seed in (0, 1):  # each seed's executed copies in its own folder, which the kernel was told
+        executed = tmp_path / "build" / "course-check" / f"seed{seed}" / "notebooks" / "01_fine.ipynb"
+        assert f"seed {seed} {executed.parents[1]}" in executed.read_text()
+    assert "2 failed" in capsys.readouterr().out
+    assert course.check(notebooks[:1], [0, 1], smoke=True) == 0
