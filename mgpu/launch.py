@@ -4,7 +4,9 @@ This is the one launcher the notebooks, the tests and the grader use. It starts 
 Horovod's own ``horovodrun`` so a learner sees the same command they would type:
 
 - no GPU: N worker processes over Gloo on the CPU cores, each given ``cores // N`` threads so that
-  four "simulated GPUs" fit on a laptop;
+  four "simulated GPUs" fit on a laptop; with ``cores_per_worker=k`` each worker is also pinned to
+  its own ``k`` cores (local rank r: the r-th slice), so a simulated GPU is a fixed slice of the
+  machine and one worker no longer gets every core: N workers can then be N times faster;
 - GPUs: one process per GPU, each worker pinned to the GPU of its local rank before TensorFlow
   starts (see :func:`pin_gpu`).
 
@@ -42,6 +44,8 @@ import psutil
 LAUNCH_MARKER = "MGPU_LAUNCH_ID"
 #: Environment variable telling each worker how many CPU threads it may use.
 THREADS_VARIABLE = "MGPU_THREADS_PER_WORKER"
+#: Environment variable giving each worker a fixed slice of this many cores (``cores_per_worker``).
+CORES_VARIABLE = "MGPU_CORES_PER_WORKER"
 #: Seconds Gloo and horovodrun wait for all workers to start; 2-core machines need a lot.
 DEFAULT_START_TIMEOUT = 180
 
@@ -131,6 +135,27 @@ def choose_gpu(local_rank: int, gpus: Sequence[Any], local_size: int | None = No
     return gpus[local_rank]
 
 
+def core_slice(local_rank: int, cores_per_worker: int, allowed: Sequence[int]) -> list[int]:
+    """The cores of the simulated GPU of ``local_rank``: the next ``cores_per_worker`` of ``allowed``.
+
+    Slices follow each other and wrap around when there are more workers than slices, so two
+    workers share a slice only when the machine has too few cores for all of them.
+    """
+    allowed = sorted(allowed)
+    k = max(1, min(cores_per_worker, len(allowed)))
+    start = (local_rank * k) % len(allowed)
+    return [allowed[(start + i) % len(allowed)] for i in range(k)]
+
+
+def _pin_process_to(cores: Sequence[int]) -> None:
+    # Every thread of the process, not only the caller: TensorFlow may already have started some.
+    for task in os.listdir("/proc/self/task"):
+        try:
+            os.sched_setaffinity(int(task), cores)
+        except OSError:  # a thread that ended meanwhile
+            pass
+
+
 def pin_gpu(local_rank: int | None = None, local_size: int | None = None) -> str:
     """Make only this worker's GPU visible to TensorFlow; size CPU threads otherwise.
 
@@ -150,12 +175,18 @@ def pin_gpu(local_rank: int | None = None, local_size: int | None = None) -> str
         tf.config.experimental.set_memory_growth(gpu, True)
         return f"GPU {gpu.name}"
     threads = int(os.environ.get(THREADS_VARIABLE, "0")) or threads_per_worker(local_size)
+    cores_per_worker = int(os.environ.get(CORES_VARIABLE, "0"))
+    if cores_per_worker:
+        cores = core_slice(local_rank, cores_per_worker, os.sched_getaffinity(0))
+        _pin_process_to(cores)
+        threads = len(cores)
     try:
         tf.config.threading.set_intra_op_parallelism_threads(threads)
         tf.config.threading.set_inter_op_parallelism_threads(max(2, threads))
     except RuntimeError:
         pass  # TensorFlow already started: its thread pools are fixed now.
-    return f"CPU ({threads} thread{'s' if threads > 1 else ''})"
+    pinned = f" on cores {sorted(os.sched_getaffinity(0))}" if cores_per_worker else ""
+    return f"CPU ({threads} thread{'s' if threads > 1 else ''}{pinned})"
 
 
 # --------------------------------------------------------------------------------------------
@@ -376,15 +407,25 @@ def _launch(num_workers: int, job_dir: Path, timeout: float | None, verbose: boo
                     time.monotonic() - started, command)
 
 
+def _with_cores(env: dict[str, str] | None, cores_per_worker: int | None) -> dict[str, str] | None:
+    if cores_per_worker is None:
+        return env
+    if cores_per_worker < 1:
+        raise ValueError(f"cores_per_worker must be at least 1, got {cores_per_worker}")
+    return {**(env or {}), CORES_VARIABLE: str(cores_per_worker), THREADS_VARIABLE: str(cores_per_worker)}
+
+
 def run(fn: Callable[..., Any], num_workers: int, args: Sequence[Any] = (),
         kwargs: dict[str, Any] | None = None, *, timeout: float | None = None,
         verbose: bool = True, env: dict[str, str] | None = None,
-        start_timeout: int = DEFAULT_START_TIMEOUT, check: bool = True) -> LaunchResult:
+        start_timeout: int = DEFAULT_START_TIMEOUT, check: bool = True,
+        cores_per_worker: int | None = None) -> LaunchResult:
     """Run ``fn(*args, **kwargs)`` on ``num_workers`` Horovod workers; return rank 0's value.
 
     ``fn`` is sent to the workers with cloudpickle, so a function defined in a notebook works.
     It should call ``hvd.init()`` itself, as a Horovod training script does. With ``check``
-    (the default) a failed run raises :class:`LaunchError` naming the failed rank.
+    (the default) a failed run raises :class:`LaunchError` naming the failed rank. With
+    ``cores_per_worker`` (no GPU) each worker runs on its own slice of that many cores.
     """
     with _job_folder() as tmp:
         job_dir = Path(tmp)
@@ -392,17 +433,19 @@ def run(fn: Callable[..., Any], num_workers: int, args: Sequence[Any] = (),
             cloudpickle.dump({"kind": "function", "fn": fn, "args": tuple(args), "kwargs": kwargs or {}}, f)
         # Workers see the caller's import path, so a function importable here is importable there.
         (job_dir / "sys_path.json").write_text(json.dumps([p for p in sys.path if p]))
-        result = _launch(num_workers, job_dir, timeout, verbose, env, start_timeout)
+        result = _launch(num_workers, job_dir, timeout, verbose, _with_cores(env, cores_per_worker),
+                         start_timeout)
     return result.raise_for_status() if check else result
 
 
 def run_script(script: str | os.PathLike, num_workers: int, script_args: Sequence[str] = (), *,
                timeout: float | None = None, verbose: bool = True, env: dict[str, str] | None = None,
                cwd: str | os.PathLike | None = None, start_timeout: int = DEFAULT_START_TIMEOUT,
-               check: bool = True) -> LaunchResult:
+               check: bool = True, cores_per_worker: int | None = None) -> LaunchResult:
     """Run a Python training script on ``num_workers`` Horovod workers, like ``horovodrun``.
 
-    The script runs as ``__main__`` with ``sys.argv = [script, *script_args]`` in ``cwd``.
+    The script runs as ``__main__`` with ``sys.argv = [script, *script_args]`` in ``cwd``;
+    ``cores_per_worker`` as for :func:`run`.
     """
     script = Path(script).resolve()
     if not script.is_file():
@@ -413,7 +456,8 @@ def run_script(script: str | os.PathLike, num_workers: int, script_args: Sequenc
                "cwd": str(Path(cwd).resolve()) if cwd else os.getcwd()}
         with open(job_dir / "job.pkl", "wb") as f:
             cloudpickle.dump(job, f)
-        result = _launch(num_workers, job_dir, timeout, verbose, env, start_timeout)
+        result = _launch(num_workers, job_dir, timeout, verbose, _with_cores(env, cores_per_worker),
+                         start_timeout)
     return result.raise_for_status() if check else result
 
 

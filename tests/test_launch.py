@@ -74,6 +74,36 @@ def test_four_workers_all_reduce_and_return_rank0_value():
     assert result.value["threads"] == launch.threads_per_worker(4)
 
 
+def _cores_of_every_rank():
+    import horovod.tensorflow as hvd
+    import tensorflow as tf
+
+    hvd.init()
+    per_thread = {sorted(os.sched_getaffinity(int(t)))[0] for t in os.listdir("/proc/self/task")}
+    mine = sorted(os.sched_getaffinity(0))
+    return {"cores": hvd.allgather_object(mine), "threads": tf.config.threading.get_intra_op_parallelism_threads(),
+            "every_thread_on_first_core": hvd.allgather_object(per_thread == {mine[0]} if len(mine) == 1 else True)}
+
+
+def test_a_simulated_gpu_is_a_fixed_slice_of_the_cores():
+    allowed = sorted(os.sched_getaffinity(0))
+    result = launch.run(_cores_of_every_rank, 2, cores_per_worker=1, verbose=False)
+    assert result.value["cores"] == [launch.core_slice(r, 1, allowed) for r in range(2)]
+    assert result.value["threads"] == 1 and all(result.value["every_thread_on_first_core"])
+    if len(allowed) >= 2:  # two slices of one core: the workers do not share a core
+        assert result.value["cores"][0] != result.value["cores"][1]
+    # without it, a worker may run on every core
+    assert launch.run(_cores_of_every_rank, 2, verbose=False).value["cores"] == [allowed, allowed]
+
+
+def test_core_slices_follow_each_other_and_wrap_around():
+    assert [launch.core_slice(r, 2, range(8)) for r in range(4)] == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    assert [launch.core_slice(r, 1, [4, 6]) for r in range(4)] == [[4], [6], [4], [6]]
+    assert launch.core_slice(0, 5, [0, 1]) == [0, 1]
+    with pytest.raises(ValueError, match="cores_per_worker"):
+        launch.run(_cores_of_every_rank, 1, cores_per_worker=0)
+
+
 @pytest.mark.parametrize("behaviour, expected", [
     ("raise", "ValueError: rank one is broken"),
     ("exit", "died without reporting"),
