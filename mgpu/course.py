@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true",
                         help="run every notebook for each of --seeds, carry on past failures, print a table")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1], help="with --check (default: 0 1)")
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)  # notebooks may come before or after the options
     notebooks = [p.resolve() for p in args.notebooks] or course_notebooks()
     missing = [str(p) for p in notebooks if not p.is_file()]
     if missing:
