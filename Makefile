@@ -12,7 +12,7 @@ help:
 	@echo "make course  execute every notebook headless (SMOKE=1 for the quick setting; SEED=n)"
 	@echo "make course-check  every notebook in the full setting for seeds 0 and 1 (SEEDS=...), one table"
 	@echo "make test    run the test suite (unit tests, real Horovod workers, notebooks in smoke mode)"
-	@echo "make lab     open JupyterLab on the notebooks (PORT=$(PORT))"
+	@echo "make lab     open JupyterLab on your copies of the labs in lab/ (exercises to fill in; PORT=$(PORT))"
 	@echo "make tensorboard  open TensorBoard on build/profile (profiler traces from the labs)"
 	@echo "make assessment  build the assessment's release version (assignments/release/)"
 
@@ -28,8 +28,10 @@ course-check: setup
 test: setup
 	$(PY) -m pytest
 
+# Your copies of the labs (solutions removed by nbgrader), written once: your work is never overwritten.
 lab: setup
-	$(VENV)/bin/jupyter lab --notebook-dir=notebooks --port=$(PORT) $(if $(filter 0,$(shell id -u)),--allow-root)
+	$(PY) -m mgpu.labs
+	$(VENV)/bin/jupyter lab --notebook-dir=lab --port=$(PORT) $(if $(filter 0,$(shell id -u)),--allow-root)
 
 tensorboard: setup
 	$(VENV)/bin/tensorboard --logdir build/profile --port 6006 --bind_all

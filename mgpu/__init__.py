@@ -10,19 +10,19 @@ The notebooks stay narrative; the code they call lives here, one module per conc
 - ``mgpu.callbacks`` Keras callbacks shared by the labs and the assessment (throughput, time, targets)
 - ``mgpu.allreduce`` a from-scratch ring all-reduce in numpy, to step through
 - ``mgpu.optimizers`` LARS and LAMB, the large-batch optimizers TensorFlow 2.15 lacks
-- ``mgpu.sgd``       Lab 1's toy problems: the linear neuron, the noise ball, GD's rate, the saddle
+- ``mgpu.sgd``       notebook 01's toy problems: the linear neuron, the noise ball, GD's rate, the saddle
 - ``mgpu.measure``   the benchmark harness (warm-up, repetitions, median) and FLOP counts
-- ``mgpu.imagefolder`` Lab 2's folder of JPEG files and TFRecord shards
-- ``mgpu.alexnet``   AlexNet (single tower) and the training step Lab 2's pipelines feed
-- ``mgpu.pipeline``  Lab 2's input pipelines, stage by stage, and their measurement
+- ``mgpu.imagefolder`` notebook 03's folder of JPEG files and TFRecord shards
+- ``mgpu.alexnet``   AlexNet (single tower) and the training step notebook 03's pipelines feed
+- ``mgpu.pipeline``  notebook 03's input pipelines, stage by stage, and their measurement
 - ``mgpu.models``    small Keras models (CNN, MLP, ResNet-style) for the labs
-- ``mgpu.multimodel`` many small MLPs trained side by side in one batched computation (Lab 1 sweeps)
-- ``mgpu.batch_study`` Lab 1's batch-size studies: steps-to-target, fits, scaling rules, warm-up
+- ``mgpu.multimodel`` many small MLPs trained side by side in one batched computation (notebook 02's sweeps)
+- ``mgpu.batch_study`` notebook 02's batch-size studies: steps-to-target, fits, scaling rules, warm-up
 - ``mgpu.noise_scale`` the two-batch gradient noise scale estimator (McCandlish et al. 2018)
 - ``mgpu.sharpness`` epsilon-sharpness and 1-D interpolation (Keskar et al. 2017)
 - ``mgpu.keras_runs`` throughput and time-to-accuracy runs with the course callbacks
-- ``mgpu.conversion`` Lab 3's training script, one Horovod conversion step at a time
-- ``mgpu.recipes``   Lab 3's accuracy-at-scale recipes (LR scaling, warm-up, momentum, LARS/LAMB)
+- ``mgpu.conversion`` notebook 04's training script, one Horovod conversion step at a time
+- ``mgpu.recipes``   notebook 05's accuracy-at-scale recipes (LR scaling, warm-up, momentum, LARS/LAMB)
 - ``mgpu.step_costs`` time in compute vs all-reduce per step, and per-worker gradient norms
 - ``mgpu.timeline``  reading Horovod's timeline
 - ``mgpu.assessment`` the assessment's fixed model, data hand-off, locked callbacks and targets table

@@ -1,4 +1,4 @@
-"""AlexNet for Lab 2, in Keras 2, and the training step the input pipelines feed.
+"""AlexNet for notebook 03, in Keras 2, and the training step the input pipelines feed.
 
 The network is the single-tower AlexNet of Krizhevsky's "One weird trick for parallelizing
 convolutional neural networks" (2014): five convolutions (64, 192, 384, 256, 256 channels; 11x11

@@ -1,6 +1,6 @@
-"""What the batch size does to training: sweeps, steps-to-target, fits, LR scaling and warm-up (Lab 02).
+"""What the batch size does to training: sweeps, steps-to-target, fits, LR scaling and warm-up (notebook 02).
 
-Everything Lab 02 measures about the number of *steps* is computed here, on many small MLPs trained
+Everything notebook 02 measures about the number of *steps* is computed here, on many small MLPs trained
 at once (:mod:`mgpu.multimodel`):
 
 * :func:`prepare` turns a course dataset into small float arrays (2x2 average pooled, standardized)
@@ -453,10 +453,12 @@ SCALING_VARIANTS = (("linear", "gradual"), ("linear", "constant"), ("linear", "n
 
 def scaling_study(arrays: Arrays, batch_sizes, base_batch: int, base_lr: float, momentum: float,
                   epochs: float, warmup_epochs: float, seed: int, hidden: int = 32, replicas: int = 1,
-                  variants=SCALING_VARIANTS, progress: bool = True) -> dict[str, dict[int, float]]:
+                  variants=SCALING_VARIANTS, progress: bool = True,
+                  lr_rule=None) -> dict[str, dict[int, float]]:
     """Held-out accuracy after ``epochs`` epochs at each batch size, for each (rule, warm-up) variant.
 
-    The learning rate is ``scaled_lr(base_lr, base_batch, B, rule)``; a warm-up starts from
+    The learning rate is ``lr_rule(base_lr, base_batch, B, rule)`` (notebook 02's exercise 2 passes
+    the learner's; :func:`scaled_lr` by default); a warm-up starts from
     ``1 / k`` of it (``k = B / base_batch``, i.e. from the base rate) and lasts ``warmup_epochs``.
     All variants start from the same weights and see the same minibatches; with ``replicas > 1``
     each variant is also trained from that many independent starts and the accuracies averaged.
@@ -475,7 +477,7 @@ def scaling_study(arrays: Arrays, batch_sizes, base_batch: int, base_lr: float, 
         k = b / base_batch
         columns = []
         for rule, warm in variants:
-            lr = scaled_lr(base_lr, base_batch, b, rule)
+            lr = (lr_rule or scaled_lr)(base_lr, base_batch, b, rule)
             first = min(1.0, base_lr / lr)
             columns.append(lr * warmup_factors(steps, warm_steps, warm, first))
         table = np.tile(np.stack(columns, axis=1), (1, replicas))

@@ -1,4 +1,4 @@
-"""Lab 3's training script, from one process to Horovod, one conversion step at a time.
+"""Notebook 04's training script, from one process to Horovod, one conversion step at a time.
 
 :func:`script` renders the lab's Keras training script (a small ResNet on the course's images) with
 any subset of the conversion steps in :data:`STEPS` switched on; :func:`diff` shows what one step
@@ -16,6 +16,7 @@ enabled and a line ending in ``# @!step`` only when it is not; the markers are r
 from __future__ import annotations
 
 import difflib
+import json
 import re
 from pathlib import Path
 
@@ -33,7 +34,7 @@ STEPS: dict[str, str] = {
 }
 
 _TEMPLATE = '''\
-"""Train a small CNN (ResNet-style by default) on the course's images: Lab 3's training script."""
+"""Train a small CNN (ResNet-style by default) on the course's images: notebook 04's training script."""
 import argparse
 import json
 import os
@@ -195,6 +196,50 @@ def write_script(path, steps_enabled=()) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(script(steps_enabled))
     return path
+
+
+def ranks_printing(output: str) -> int:
+    """How many ranks printed Keras progress: horovodrun prefixes each worker's line with ``[rank]``."""
+    return len(set(re.findall(r"^\[(\d+)\]<stdout>:.* - loss: ", output, re.M)))
+
+
+def run_report(run, out_dir, train_images: int) -> dict:
+    """What one version's run did: rank 0's ``report.json`` plus the files it left, the number of
+    checkpoint files, how many ranks printed progress and the launch's seconds; or, for a run that
+    failed, ``{"failed": reason}`` (the reason and the end of its output, whole)."""
+    if not run.ok:
+        return {"failed": f"{run.failure_reason()}\n{run.output[-3000:]}"}
+    out_dir = Path(out_dir)
+    report = json.loads((out_dir / "report.json").read_text())
+    files = sorted(p.name for p in out_dir.iterdir())
+    report.update(files=files, checkpoints=sum(f.startswith("checkpoint") for f in files),
+                  ranks_printing=ranks_printing(run.output), train_images=train_images, launch_s=run.seconds)
+    return report
+
+
+def summary(report: dict) -> str:
+    """One line for a version as it ends (the notebook's progress)."""
+    if "failed" in report:
+        return "FAILED\n" + report["failed"]
+    return (f"{report['steps_per_epoch']} steps/epoch, val acc {report['history']['val_accuracy'][-1]:.3f}, "
+            f"weight spread {report['weight_spread']:.3g}, {report['ranks_printing']} rank(s) printing, "
+            f"{report['checkpoints']} checkpoint file(s)")
+
+
+def versions_table(runs: dict):
+    """The versions side by side (a :class:`mgpu.tables.Table`); a failed version shows FAILED."""
+    from mgpu.tables import Table
+
+    rows = []
+    for label, r in runs.items():
+        if "failed" in r:
+            rows.append({"version": label, "images": "FAILED (see above)"})
+            continue
+        rows.append({"version": label, "images": r["train_images"], "steps/epoch": r["steps_per_epoch"],
+                     "images/s": r["images_per_s"], "val acc": r["history"]["val_accuracy"][-1],
+                     "weight spread": r["weight_spread"], "ranks printing": r["ranks_printing"],
+                     "checkpoints": r["checkpoints"]})
+    return Table(rows, formats={"images/s": ",.0f", "val acc": ".3f", "weight spread": ".3g"})
 
 
 _MIRRORED = '''\

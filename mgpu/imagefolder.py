@@ -1,6 +1,6 @@
 """An ImageNet-like folder of real JPEG files, built locally from a course dataset.
 
-Lab 2 studies input pipelines, and a pipeline's costs are file reads and JPEG decoding: feeding
+Notebook 03 studies input pipelines, and a pipeline's costs are file reads and JPEG decoding: feeding
 28x28 arrays from memory would hide them. :func:`build_image_folder` turns a course dataset (the
 generated one offline, Fashion-MNIST or CIFAR-10 when cached) into
 

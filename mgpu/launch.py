@@ -266,12 +266,36 @@ def horovodrun_command(num_workers: int, worker_argv: Sequence[str], start_timeo
     ]
 
 
-def _stream(pipe, sink: list[str], echo: bool) -> None:
+class _Echo:
+    """What of the workers' output reaches the caller's screen: ``verbose=True`` everything,
+    ``"rank0"`` only rank 0's standard output without horovodrun's ``[0]<stdout>:`` prefix (one
+    line per result a training function prints, none of the libraries' warnings), False nothing."""
+
+    PREFIX = "[0]<stdout>:"
+
+    def __init__(self, verbose: bool | str):
+        if verbose not in (True, False, "rank0"):
+            raise ValueError(f"verbose must be True, False or 'rank0', not {verbose!r}")
+        self.verbose, self.partial = verbose, ""
+
+    def __call__(self, text: str) -> None:
+        if not self.verbose:
+            return
+        if self.verbose is True:
+            sys.stdout.write(text)
+        else:
+            lines = (self.partial + text).split("\n")
+            self.partial = lines.pop()
+            shown = [line[len(self.PREFIX):] for line in lines if line.startswith(self.PREFIX)]
+            if shown:
+                sys.stdout.write("\n".join(shown) + "\n")
+        sys.stdout.flush()
+
+
+def _stream(pipe, sink: list[str], echo: _Echo) -> None:
     for line in iter(pipe.readline, ""):
         sink.append(line)
-        if echo:
-            sys.stdout.write(line)
-            sys.stdout.flush()
+        echo(line)
     pipe.close()
 
 
@@ -287,7 +311,7 @@ def _job_folder() -> tempfile.TemporaryDirectory:
                                        ignore_cleanup_errors=True)
 
 
-def _launch_via_service(num_workers: int, job_dir: Path, timeout: float | None, verbose: bool,
+def _launch_via_service(num_workers: int, job_dir: Path, timeout: float | None, verbose: bool | str,
                         start_timeout: int) -> LaunchResult:
     """Ask the grader's launch service to run the job; follow its log; cancel it on time-out or Ctrl-C."""
     os.chmod(job_dir, 0o1777)  # the workers run as another user and leave their status here
@@ -301,6 +325,7 @@ def _launch_via_service(num_workers: int, job_dir: Path, timeout: float | None, 
     timed_out = False
     exit_file, log_file = job_dir / "exit.json", job_dir / "log"
     position = 0
+    echo = _Echo(verbose)
 
     def follow() -> None:
         nonlocal position
@@ -313,9 +338,7 @@ def _launch_via_service(num_workers: int, job_dir: Path, timeout: float | None, 
             return
         if text:
             lines.append(text)
-            if verbose:
-                sys.stdout.write(text)
-                sys.stdout.flush()
+            echo(text)
 
     try:
         while not exit_file.exists():
@@ -362,10 +385,11 @@ def _collect(num_workers: int, job_dir: Path, returncode: int | None, output: st
                         output=output, timed_out=timed_out, seconds=seconds, command=command)
 
 
-def _launch(num_workers: int, job_dir: Path, timeout: float | None, verbose: bool,
+def _launch(num_workers: int, job_dir: Path, timeout: float | None, verbose: bool | str,
             env: dict[str, str] | None, start_timeout: int) -> LaunchResult:
     if num_workers < 1:
         raise ValueError(f"num_workers must be at least 1, got {num_workers}")
+    _Echo(verbose)  # a bad value is refused before anything starts
     if os.environ.get(SPOOL_VARIABLE):
         if env:
             raise LaunchError(f"env={sorted(env)} cannot be passed under the grader: its launch service "
@@ -392,7 +416,7 @@ def _launch(num_workers: int, job_dir: Path, timeout: float | None, verbose: boo
         command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
         text=True, errors="replace", env=child_env, start_new_session=True,
     )
-    reader = threading.Thread(target=_stream, args=(popen.stdout, lines, verbose), daemon=True)
+    reader = threading.Thread(target=_stream, args=(popen.stdout, lines, _Echo(verbose)), daemon=True)
     reader.start()
     timed_out = False
     try:
@@ -417,13 +441,14 @@ def _with_cores(env: dict[str, str] | None, cores_per_worker: int | None) -> dic
 
 def run(fn: Callable[..., Any], num_workers: int, args: Sequence[Any] = (),
         kwargs: dict[str, Any] | None = None, *, timeout: float | None = None,
-        verbose: bool = True, env: dict[str, str] | None = None,
+        verbose: bool | str = True, env: dict[str, str] | None = None,
         start_timeout: int = DEFAULT_START_TIMEOUT, check: bool = True,
         cores_per_worker: int | None = None) -> LaunchResult:
     """Run ``fn(*args, **kwargs)`` on ``num_workers`` Horovod workers; return rank 0's value.
 
     ``fn`` is sent to the workers with cloudpickle, so a function defined in a notebook works.
-    It should call ``hvd.init()`` itself, as a Horovod training script does. With ``check``
+    It should call ``hvd.init()`` itself, as a Horovod training script does. ``verbose``: True
+    shows every worker's output as it comes, ``"rank0"`` only what rank 0 prints. With ``check``
     (the default) a failed run raises :class:`LaunchError` naming the failed rank. With
     ``cores_per_worker`` (no GPU) each worker runs on its own slice of that many cores.
     """
@@ -439,7 +464,7 @@ def run(fn: Callable[..., Any], num_workers: int, args: Sequence[Any] = (),
 
 
 def run_script(script: str | os.PathLike, num_workers: int, script_args: Sequence[str] = (), *,
-               timeout: float | None = None, verbose: bool = True, env: dict[str, str] | None = None,
+               timeout: float | None = None, verbose: bool | str = True, env: dict[str, str] | None = None,
                cwd: str | os.PathLike | None = None, start_timeout: int = DEFAULT_START_TIMEOUT,
                check: bool = True, cores_per_worker: int | None = None) -> LaunchResult:
     """Run a Python training script on ``num_workers`` Horovod workers, like ``horovodrun``.

@@ -1,4 +1,4 @@
-"""Many small MLPs trained side by side in one batched TensorFlow computation (Lab 02 onwards).
+"""Many small MLPs trained side by side in one batched TensorFlow computation (notebook 02 onwards).
 
 A learning-rate sweep over a grid of 10 rates, with and without momentum, is 20 independent
 training runs of the same small network. Run one after the other with ``model.fit``, tiny batches

@@ -13,9 +13,9 @@ give unbiased estimates of both (their appendix A.1):
 Each estimate is very noisy on its own, so :class:`TwoBatchEstimator` averages the numerator and
 the denominator of ``B_simple`` separately over many pairs and divides only at the end.
 
-The code only sees squared norms, so it does not care where they come from. In Lab 02 one process
+The code only sees squared norms, so it does not care where they come from. In notebook 02 one process
 splits a batch into microbatches (:func:`mgpu.multimodel.microbatch_gradient_sq_norms`); in
-data-parallel training (Lab 03 onwards) ``b_small`` is each worker's batch and ``b_big`` the global
+data-parallel training (notebook 04 onwards) ``b_small`` is each worker's batch and ``b_big`` the global
 batch: feed every worker's local ``|G_small|^2`` and the all-reduced ``|G_big|^2`` to
 :meth:`TwoBatchEstimator.update`, and the estimate costs nothing extra.
 """

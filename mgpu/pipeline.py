@@ -1,4 +1,4 @@
-"""Input pipelines for Lab 2, from a naive Python loop to a tuned ``tf.data`` pipeline.
+"""Input pipelines for notebook 03, from a naive Python loop to a tuned ``tf.data`` pipeline.
 
 Every stage yields ``(images, labels)`` batches of ``image_size`` x ``image_size`` RGB crops (random
 crop and horizontal flip of the stored JPEGs), so the same training step can consume any of them
@@ -96,12 +96,13 @@ _FEATURES = {"image/encoded": tf.io.FixedLenFeature([], tf.string),
              "image/class/label": tf.io.FixedLenFeature([], tf.int64)}
 
 
-def _decode_record(record):
+def decode_record(record):
+    """One TFRecord of the folder's shards: its decoded JPEG (uint8, height x width x 3) and label."""
     parsed = tf.io.parse_single_example(record, _FEATURES)
     return tf.io.decode_jpeg(parsed["image/encoded"], channels=3), tf.cast(parsed["image/class/label"], tf.int32)
 
 
-def _square(image, side):
+def square(image, side):
     """Resize the short side to ``side`` and take the centre square: a fixed shape to cache."""
     return tf.image.resize_with_crop_or_pad(tf.image.resize(image, (side, side), preserve_aspect_ratio=True,
                                                             antialias=False), side, side)
@@ -147,13 +148,13 @@ def tf_dataset(stage: str, folder, batch_size: int, image_size: int, seed: int =
     records = shards.interleave(tf.data.TFRecordDataset, cycle_length=min(8, len(folder.tfrecords)),
                                 num_parallel_calls=AUTOTUNE, deterministic=False)
     if level < names.index("cache"):
-        ds = records.repeat().map(_decode_record, num_parallel_calls=AUTOTUNE).map(crop, num_parallel_calls=AUTOTUNE)
+        ds = records.repeat().map(decode_record, num_parallel_calls=AUTOTUNE).map(crop, num_parallel_calls=AUTOTUNE)
         ds = ds.batch(batch_size, drop_remainder=True)
         return ds.prefetch(AUTOTUNE) if level >= names.index("prefetch") else _without_hidden_prefetch(ds)
 
     side = folder.short_side
-    decoded = records.map(_decode_record, num_parallel_calls=AUTOTUNE)
-    decoded = decoded.map(lambda image, label: (tf.cast(_square(image, side), tf.uint8), label),
+    decoded = records.map(decode_record, num_parallel_calls=AUTOTUNE)
+    decoded = decoded.map(lambda image, label: (tf.cast(square(image, side), tf.uint8), label),
                           num_parallel_calls=AUTOTUNE).cache()
     ds = decoded.shuffle(len(folder.files), seed=seed).repeat()
     if level == names.index("cache"):
@@ -293,6 +294,24 @@ def measure_stages(folder, *, batch_size: int, image_size: int, width: float, re
             batch_size, warmup=2, repeats=repeats, calls_per_round=steps_per_round)
         results.append(StageResult(stage, pipeline_rate, rates["train"].median, rates["ceiling"].median))
     return results
+
+
+def stages_table(results: list[StageResult], batch_size: int):
+    """The stages side by side (a :class:`mgpu.tables.Table`): images/s of the pipeline alone, of
+    training fed by it and of the ceiling beside it, the fraction, and the milliseconds per batch."""
+    from mgpu.tables import Table
+
+    rows = []
+    for r in results:
+        if r.train_rate is None:
+            rows.append({"stage": r.stage.name, "pipeline alone /s": "(needs a GPU)"})
+            continue
+        rows.append({"stage": r.stage.name, "pipeline alone /s": r.pipeline_rate, "training /s": r.train_rate,
+                     "ceiling /s": r.ceiling_rate, "fraction": r.fraction_of_ceiling,
+                     "ms/batch in": 1e3 * batch_size / r.pipeline_rate,
+                     "ms/batch train": 1e3 * batch_size / r.train_rate})
+    return Table(rows, formats={"pipeline alone /s": ",.0f", "training /s": ",.0f", "ceiling /s": ",.0f",
+                                "fraction": ".2f", "ms/batch in": ".1f", "ms/batch train": ".1f"})
 
 
 def profile_training(step, iterator, logdir, steps: int = 5) -> list:

@@ -61,7 +61,7 @@ def bar_per_rank(values, ylabel: str, title: str, name: str):
 
 
 # --------------------------------------------------------------------------------------------
-# Lab 01: GD vs SGD (the numbers come from mgpu.sgd)
+# Notebook 01: GD vs SGD (the numbers come from mgpu.sgd)
 # --------------------------------------------------------------------------------------------
 
 _RUN_COLOURS = ("black", "tab:red", "tab:orange", "tab:green", "tab:blue", "tab:purple")
@@ -315,7 +315,7 @@ def saddle_escape(gd_path, sgd_paths, sgd_final, name: str = "01_saddle"):
 
 
 # --------------------------------------------------------------------------------------------
-# Lab 02: what batch size does (the numbers come from mgpu.keras_runs, mgpu.batch_study,
+# Notebook 02: what batch size does (the numbers come from mgpu.keras_runs, mgpu.batch_study,
 # mgpu.noise_scale and mgpu.sharpness)
 # --------------------------------------------------------------------------------------------
 
@@ -488,7 +488,7 @@ def sharp_vs_flat(alphas, train_loss, test_accuracy, sharpness: dict, accuracies
     ax = axes[0]
     ax.plot(alphas, train_loss, "-", color="tab:blue", label="training loss")
     ax.set_yscale("log")
-    ax.set_xlabel("a  (0 = small-batch solution, 1 = large-batch solution)")
+    ax.set_xlabel("a  (0 = small-batch solution, 1 = large batch after as many updates)")
     ax.set_ylabel("training loss (log)", color="tab:blue")
     for a in (0, 1):
         ax.axvline(a, color="gray", lw=0.8, ls=":")
@@ -521,7 +521,7 @@ def sharp_vs_flat(alphas, train_loss, test_accuracy, sharpness: dict, accuracies
     return fig
 
 
-# ---- Lab 2 (notebook 03): the input pipeline ----------------------------------------------------
+# ---- Notebook 03: the input pipeline ------------------------------------------------------------
 
 def show_jpegs(folder, count: int = 6, name: str = "03_jpeg_examples"):
     """A few of the generated JPEG files at their stored size, with their pixel size and bytes."""
@@ -599,7 +599,7 @@ def call_overhead(table: dict, name: str = "03_call_overhead"):
                            "Tiny models: a fixed cost per call dominates")
 
 
-# ---- Lab 3 (notebook 04)
+# ---- Notebook 04
 
 
 def ring_allreduce_steps(steps, name: str = "04_ring_allreduce"):
@@ -710,7 +710,7 @@ def timeline_activities(summary: dict, name: str = "04_timeline"):
     return fig
 
 
-# ---- Lab 3, part 2: accuracy at scale ----------------------------------------------------------------
+# ---- Notebook 05: accuracy at scale ------------------------------------------------------------------
 
 
 def accuracy_vs_time(logs: dict, target: float | None = None, diverged=(), name: str = "05_accuracy_vs_time"):

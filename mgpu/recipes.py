@@ -1,4 +1,4 @@
-"""Lab 3's accuracy-at-scale recipes: how to set the learning rate when the batch grows with the workers.
+"""Notebook 05's accuracy-at-scale recipes: how to set the learning rate when the batch grows with the workers.
 
 With N workers each processing ``batch`` images, one step sees ``N * batch`` images, so an epoch has
 N times fewer steps. A :class:`Recipe` says how training compensates:
@@ -285,6 +285,17 @@ def summary_rows(runs, target: float) -> list[dict]:
                      "seconds_to_target": time_to_target(run, target),
                      "seconds": run.wall_times[-1] if run.wall_times else math.nan})
     return rows
+
+
+def summary_table(runs, target: float):
+    """The recipes side by side (a :class:`mgpu.tables.Table`), in epochs: on simulated workers that
+    share the cores, seconds measure the machine's load more than the recipe."""
+    from mgpu.tables import Table
+
+    rows = [{"recipe": r["recipe"], "lr": r["lr"], "momentum": r["momentum"], "warm-up epochs": r["warmup_epochs"],
+             "final val acc": r["final_val_acc"], "epochs to target": r["epochs_to_target"],
+             "diverged": "yes" if r["diverged"] else ""} for r in summary_rows(runs, target)]
+    return Table(rows, formats={"lr": ".3g", "momentum": ".2g", "warm-up epochs": ".3g", "final val acc": ".3f"})
 
 
 def lab_recipes(workers: int, lr: float, momentum: float = 0.9, warmup_epochs: float = 2.0,

@@ -1,6 +1,6 @@
-"""Gradient descent and stochastic gradient descent on problems small enough to see whole (Lab 01).
+"""Gradient descent and stochastic gradient descent on problems small enough to see whole (notebook 01).
 
-Lab 01 asks why the noise of small batches is useful and how big it is. Everything it measures is
+Notebook 01 asks why the noise of small batches is useful and how big it is. Everything it measures is
 computed here, in vectorized numpy, on three small problems:
 
 * **A linear neuron** ``y = w x + b`` fitted to noisy data by least squares. Its loss is a quadratic

@@ -17,7 +17,7 @@ The functions work on flat parameter vectors and take the objective as a callabl
 *batch* of points at once (``loss_and_grad(points) -> (losses, gradients)``), so several
 candidates are handled in one batched computation. :func:`mlp_objective` builds that callable for
 the MLPs of :mod:`mgpu.multimodel`; :func:`line_points` gives the points
-``a x_b + (1 - a) x_a`` of the 1-D interpolation plot. :func:`small_vs_large_batch` runs Lab 02's
+``a x_b + (1 - a) x_a`` of the 1-D interpolation plot. :func:`small_vs_large_batch` runs notebook 02's
 whole comparison: a small and a large batch from one start, the large one also for as many updates
 as the small one (Hoffer et al. 2017), with each solution's sharpness, test accuracy and the
 interpolation between them.

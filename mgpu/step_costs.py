@@ -1,4 +1,4 @@
-"""What a data-parallel step spends its time on, measured inside real Horovod workers (Lab 3).
+"""What a data-parallel step spends its time on, measured inside real Horovod workers (notebook 04).
 
 Run these with :func:`mgpu.launch.run` (they call ``hvd.init()`` themselves and return rank 0's
 result):

@@ -1,4 +1,4 @@
-"""Lab 3's script variants: each compiles, holds exactly its steps, and each step's diff is its own.
+"""Notebook 04's script variants: each compiles, holds exactly its steps, and each step's diff is its own.
 
 The slow test runs the fully converted script on 2 real Horovod workers.
 """
@@ -100,3 +100,10 @@ def test_every_rank_saves_its_own_checkpoint_until_checkpoint_rank0(tmp_path):
     assert result.ok, result.failure_reason()
     assert sorted(p.name for p in out.iterdir()) == ["checkpoint.rank1.weights.h5", "checkpoint.weights.h5",
                                                       "log.csv", "report.json"]
+
+
+def test_ranks_printing_counts_the_ranks_whose_keras_progress_horovodrun_prefixed():
+    output = ("[0]<stdout>:16/16 - 3s - loss: 2.1\n[1]<stdout>:16/16 - 3s - loss: 2.2\n"
+              "[1]<stdout>:Epoch 2/2\n[2]<stderr>:warning - loss: nothing\n[3]<stdout>:16/16 - loss: 2.0\n")
+    assert conversion.ranks_printing(output) == 3
+    assert conversion.ranks_printing("16/16 - loss: 2.1\n") == 0

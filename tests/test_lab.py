@@ -1,4 +1,4 @@
-"""`make lab`'s server: JupyterLab starts on the notebooks folder and serves them."""
+"""`make lab`: the learner's copies of the labs are written, and JupyterLab starts on them and serves them."""
 
 import json
 import os
@@ -22,13 +22,18 @@ def _free_port():
         return s.getsockname()[1]
 
 
-def test_jupyterlab_serves_the_course_notebooks(tmp_path):
+def test_jupyterlab_serves_the_learners_copies_of_the_labs(tmp_path):
+    lab_dir = tmp_path / "lab"
+    written = subprocess.run([sys.executable, "-m", "mgpu.labs", "--lab-dir", str(lab_dir)],
+                             capture_output=True, text=True, cwd=ROOT)
+    assert written.returncode == 0, written.stderr
+    assert "exercise cell(s) to fill in" in written.stdout
     jupyter = Path(sys.executable).with_name("jupyter")
     if not jupyter.exists():
         jupyter = Path(shutil.which("jupyter"))
     port, token = _free_port(), "course-test-token"
     command = [str(jupyter), "lab", "--no-browser", f"--port={port}", "--ip=127.0.0.1",
-               f"--IdentityProvider.token={token}", f"--notebook-dir={ROOT / 'notebooks'}"]
+               f"--IdentityProvider.token={token}", f"--notebook-dir={lab_dir}"]
     if os.geteuid() == 0:
         command.append("--allow-root")
     env = {**os.environ, "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime")}
@@ -45,7 +50,12 @@ def test_jupyterlab_serves_the_course_notebooks(tmp_path):
                 time.sleep(1)
         assert listing is not None, (tmp_path / "lab.log").read_text()[-3000:]
         names = {item["name"] for item in listing["content"]}
-        assert "00_setup_check.ipynb" in names
+        assert {p.name for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")} <= names
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/contents/02_batch_size.ipynb?token={token}",
+                                    timeout=10) as r:
+            served = json.load(r)["content"]
+        source = "".join("".join(c["source"]) for c in served["cells"])
+        assert "raise NotImplementedError()" in source and "BEGIN SOLUTION" not in source
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/lab?token={token}", timeout=10) as page:
             assert page.status == 200 and b"JupyterLab" in page.read()
         log = (tmp_path / "lab.log").read_text()

@@ -74,6 +74,32 @@ def test_four_workers_all_reduce_and_return_rank0_value():
     assert result.value["threads"] == launch.threads_per_worker(4)
 
 
+def _print_on_every_rank():
+    import horovod.tensorflow as hvd
+
+    hvd.init()
+    print(f"result of rank {hvd.rank()}", flush=True)
+    print(f"warning from rank {hvd.rank()}", file=sys.stderr, flush=True)
+    return hvd.rank()
+
+
+def test_verbose_rank0_shows_only_what_rank_0_prints(capsys):
+    launch.run(_print_on_every_rank, 2, verbose="rank0")
+    shown = capsys.readouterr().out
+    assert shown == "result of rank 0\n", shown
+    launch.run(_print_on_every_rank, 2, verbose=False)
+    assert capsys.readouterr().out == ""
+    with pytest.raises(ValueError, match="'rank0'"):
+        launch.run(_print_on_every_rank, 2, verbose="all")
+
+
+def test_rank0_echo_joins_lines_split_across_reads(capsys):
+    echo = launch._Echo("rank0")
+    for chunk in ("[1]<stdout>:other\n[0]<std", "out>:first part", " and the rest\n[0]<stderr>:noise\n"):
+        echo(chunk)
+    assert capsys.readouterr().out == "first part and the rest\n"
+
+
 def _cores_of_every_rank():
     import horovod.tensorflow as hvd
     import tensorflow as tf

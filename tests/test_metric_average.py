@@ -1,4 +1,4 @@
-"""Horovod's metric averaging, as Lab 3 teaches it: the logged metric is the mean over ranks."""
+"""Horovod's metric averaging, as notebook 04 teaches it: the logged metric is the mean over ranks."""
 
 import numpy as np
 import pytest

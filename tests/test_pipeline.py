@@ -1,4 +1,4 @@
-"""Lab 2's JPEG folder and input pipelines: correct files, correct batches, honest diagnoses."""
+"""Notebook 03's JPEG folder and input pipelines: correct files, correct batches, honest diagnoses."""
 
 import io
 import json

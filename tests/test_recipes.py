@@ -1,4 +1,4 @@
-"""Lab 3's accuracy-at-scale recipes: learning-rate rules, logs, and real Horovod runs.
+"""Notebook 05's accuracy-at-scale recipes: learning-rate rules, logs, and real Horovod runs.
 
 The slow tests start real Horovod workers: the converted training script keeps the single-worker
 accuracy on 2 and 4 workers with linear scaling and warm-up, and the recipes' warm-up, divergence

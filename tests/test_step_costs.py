@@ -1,4 +1,4 @@
-"""Lab 3's in-worker measurements on 2 real Horovod workers: the all-reduce check and step costs."""
+"""Notebook 04's in-worker measurements on 2 real Horovod workers: the all-reduce check and step costs."""
 
 import math
 

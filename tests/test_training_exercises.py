@@ -1,7 +1,8 @@
-"""Notebook 05's nbgrader exercises: the release hides the solutions, and the tests reject wrong answers.
+"""The exercises that train: notebook 04's conversion of a training function to Horovod and
+notebook 05's recipe. The learner's copy hides the solutions, and the tests reject wrong answers.
 
-The graded test cell of "the Horovod steps of a training function" is run, as nbgrader would run
-it, against the reference solution and against two incomplete conversions taken from it.
+The graded test cell of notebook 04's exercise 2 is run, as nbgrader would run it, against the
+reference solution and against two incomplete conversions taken from it.
 """
 
 import re
@@ -14,18 +15,26 @@ from nbgrader.preprocessors import ClearSolutions
 
 from mgpu import launch
 
-NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "05_accuracy_at_scale.ipynb"
+NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
+
+
+def _notebooks():
+    return [nbformat.read(NOTEBOOKS / name, as_version=4) for name in ("04_horovod.ipynb", "05_accuracy_at_scale.ipynb")]
+
+
+def _by_id(notebooks):
+    return {c.metadata["nbgrader"]["grade_id"]: c for nb in notebooks for c in nb.cells if "nbgrader" in c.metadata}
 
 
 def _cells():
-    notebook = nbformat.read(NOTEBOOK, as_version=4)
-    return notebook, {c.metadata["nbgrader"]["grade_id"]: c for c in notebook.cells if "nbgrader" in c.metadata}
+    """Both notebooks' nbgrader cells, by grade id (the ids are unique across the course)."""
+    return None, _by_id(_notebooks())
 
 
 def test_exercise_cells_are_graded_and_locked():
     _, cells = _cells()
-    assert set(cells) == {"choose_lr_solution", "choose_lr_valid", "choose_lr_outcome",
-                          "horovod_steps_solution", "horovod_steps_tests"}
+    assert {"choose_lr_solution", "choose_lr_valid", "choose_lr_outcome",
+            "horovod_steps_solution", "horovod_steps_tests"} <= set(cells)
     for grade_id, cell in cells.items():
         meta = cell.metadata["nbgrader"]
         if grade_id.endswith("_solution"):
@@ -35,15 +44,14 @@ def test_exercise_cells_are_graded_and_locked():
 
 
 def test_release_version_has_no_solution_code():
-    notebook, _ = _cells()
-    released, _ = ClearSolutions().preprocess(notebook, {})
-    cells = {c.metadata["nbgrader"]["grade_id"]: c for c in released.cells if "nbgrader" in c.metadata}
+    released = [ClearSolutions().preprocess(notebook, {})[0] for notebook in _notebooks()]
+    cells = _by_id(released)
     student = cells["horovod_steps_solution"].source
     for answer in ("hvd.init()", "hvd.DistributedOptimizer", "BroadcastGlobalVariablesCallback", "[rank::size]"):
         assert answer not in student, answer
     assert student.count("raise NotImplementedError()") == 3
     assert "your_lr =" not in cells["choose_lr_solution"].source
-    assert "BEGIN SOLUTION" not in "".join(c.source for c in released.cells)
+    assert "BEGIN SOLUTION" not in "".join(c.source for nb in released for c in nb.cells)
 
 
 def _without_block(source: str, index: int) -> str:
@@ -55,7 +63,8 @@ def _without_block(source: str, index: int) -> str:
 
 def _run_test_cell(solution_source: str):
     _, cells = _cells()
-    namespace = {"__name__": "notebook05_exercise", "launch": launch, "np": np, "seed": 0}
+    namespace = {"__name__": "notebook04_exercise", "launch": launch, "np": np, "seed": 0,
+                 "cores": launch.available_cores()}
     exec(compile(solution_source, "solution", "exec"), namespace)
     exec(compile(cells["horovod_steps_tests"].source, "tests", "exec"), namespace)
 
