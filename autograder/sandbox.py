@@ -99,6 +99,11 @@ LAUNCH_SPOOL = "/tmp/mgpu-launch"
 MAX_RESULT_BYTES = 64 * 2**20
 #: Largest epoch file the watchdog copies (as mgpu.assessment.MAX_WEIGHTS_BYTES).
 MAX_EPOCH_BYTES = assessment.MAX_WEIGHTS_BYTES
+#: What the watchdog copies from one run at most: a run could otherwise save, wait for the copy,
+#: delete and save again, and fill the grader's disk far beyond its own quota. The reference saves
+#: one file per epoch (12 at most); 200 files and the run's own disk size in bytes are generous.
+MAX_KEPT_EPOCHS = 200
+MAX_KEPT_BYTES = RUN_DISK_MB * 2**20
 #: Variables of the grader's environment a run may see (their values are the grader's); every other
 #: one is dropped.
 PASSED_VARIABLES = ("LANG", "LC_ALL", "TZ", "LD_LIBRARY_PATH", "CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES",
@@ -121,30 +126,41 @@ def isolation_script(work: Path, parent: Path, hidden: list[Path], needed: list[
     """The shell script run as root inside the new namespaces, then as ``uid`` (every path quoted).
 
     1. loopback up; this run's work folder bound aside;
-    2. each closed folder holding something the run needs (Python under /root) is covered by an
-       open tmpfs into which only those paths are bound back;
+    2. the host is seen through an allow-list: every top-level folder that is not the system's
+       (:data:`SYSTEM_TOP_FOLDERS`: ``/home``, ``/root``, ``/work``, ``/srv``, ``/mnt`` ... where
+       courses, submissions and other people's files live) is covered by a tmpfs into which only
+       the paths the run needs (Python, the course library) are bound back; so is each closed
+       folder elsewhere that holds one of them;
     3. the hidden folders are covered by empty read-only tmpfs mounts;
     4. the folder of every run's work folder is covered, and this run's bound back;
     5. a private ``/tmp`` and ``/dev/shm`` (tmpfs with size and inode caps);
-    6. with ``launch_service``, the launch service starts, as root, in the background;
-    7. root is dropped (``setpriv``: new uid and gid, no groups, no capabilities, no new privileges).
+    6. every other mount is made read-only (``/var/tmp``, ``/run/lock`` and any other place the
+       host leaves writable to all): a run writes only to its own folder, ``/tmp`` and ``/dev/shm``;
+    7. with ``launch_service``, the launch service starts, as root, in the background;
+    8. root is dropped (``setpriv``: new uid and gid, no groups, no capabilities, no new privileges).
     """
     q = shlex.quote
     lines = ["set -e", "ip link set lo up", "keep=$(mktemp -d /dev/shm/mgpu-keep.XXXXXX 2>/dev/null || mktemp -d)",
              f"mount --bind {q(str(work))} \"$keep\""]
-    groups: dict[Path, list[Path]] = {}
+    groups: dict[Path, list[Path]] = {top: [] for top in _private_top_folders()}
     for path in needed:
-        top = _closed_ancestor(path)
+        top = Path("/" + Path(path).parts[1]) if len(Path(path).parts) > 1 else None
+        if top not in groups:
+            top = _closed_ancestor(path)
         if top is not None:
             groups.setdefault(top, []).append(path)
     for number, (top, paths) in enumerate(sorted(groups.items())):
-        for index, path in enumerate(paths):
-            lines += [f"k{number}_{index}=$(mktemp -d /dev/shm/mgpu-open.XXXXXX 2>/dev/null || mktemp -d)",
+        for index, path in enumerate(paths):  # a file is bound onto a file, a folder onto a folder
+            folder = Path(path).is_dir()
+            lines += [f"k{number}_{index}=$(mktemp {'-d ' if folder else ''}/dev/shm/mgpu-open.XXXXXX 2>/dev/null "
+                      f"|| mktemp {'-d' if folder else ''})",
                       f"mount --bind {q(str(path))} \"$k{number}_{index}\""]
         lines.append(f"mount -t tmpfs -o mode=0755 tmpfs {q(str(top))}")
         for index, path in enumerate(paths):
-            lines += [f"mkdir -p {q(str(path))}", f"mount --bind \"$k{number}_{index}\" {q(str(path))}",
-                      f"umount \"$k{number}_{index}\"", f"rmdir \"$k{number}_{index}\""]
+            folder = Path(path).is_dir()
+            make = f"mkdir -p {q(str(path))}" if folder else f"mkdir -p {q(str(Path(path).parent))} && touch {q(str(path))}"
+            lines += [make, f"mount --bind \"$k{number}_{index}\" {q(str(path))}",
+                      f"umount \"$k{number}_{index}\"", f"{'rmdir' if folder else 'rm'} \"$k{number}_{index}\""]
     # A private /tmp first: whatever the host keeps there (other runs, this grader's work folders)
     # is gone; the run's own folder is bound back below.
     lines.append(f"mount -t tmpfs -o size={TMP_MB}m,nr_inodes={TMP_INODES},mode=1777 tmpfs /tmp")
@@ -154,6 +170,16 @@ def isolation_script(work: Path, parent: Path, hidden: list[Path], needed: list[
     lines += [f"mkdir -p {q(str(parent))}", f"mount -t tmpfs -o mode=0755 tmpfs {q(str(parent))}",
               f"mkdir -p {q(str(work))}", f"mount --bind \"$keep\" {q(str(work))}", "umount \"$keep\"",
               "rmdir \"$keep\"", f"mount -t tmpfs -o size={SHM_MB}m,nr_inodes={TMP_INODES},mode=1777 tmpfs /dev/shm"]
+    # Read-only: every mount but the run's own folder, its /tmp and /dev/shm, and the kernel's
+    # file systems. A mount that refuses is named on stderr (the run's log), never skipped silently.
+    kept = [q(p) for p in ("/proc", "/sys", "/dev", "/dev/pts", "/dev/shm", "/tmp", str(work))]
+    kept += [f"{q(p)}/*" for p in ("/proc", "/sys", "/dev/pts", str(work))]  # quoted folder, unquoted glob
+    lines += ["awk '{print $5}' /proc/self/mountinfo | while read -r point; do",
+              "  point=$(printf '%b' \"$point\")",
+              "  [ -e \"$point\" ] || continue  # covered by a mount above: out of sight already",
+              f"  case \"$point\" in {'|'.join(kept)}) continue;; esac",
+              "  mount -o remount,bind,ro \"$point\" 2>/dev/null || echo \"sandbox: $point stays writable\" >&2",
+              "done"]
     if launch_service and uid != "-":
         service = REPO_ROOT / "autograder" / "launch_service.py"
         lines.append(f"{q(sys.executable)} -I {q(str(service))} {LAUNCH_SPOOL} {q(uid)} {q(WORKER_UID)} "
@@ -165,11 +191,25 @@ def isolation_script(work: Path, parent: Path, hidden: list[Path], needed: list[
     return "\n".join(lines) + "\n"
 
 
+#: Top-level folders of the system a run may see (read-only): programs, libraries, configuration.
+#: Every other top-level folder (``/home``, ``/root``, ``/work``, ``/srv``, ``/mnt``, ``/media`` ...)
+#: is covered, with only :func:`_needed_paths` bound back.
+SYSTEM_TOP_FOLDERS = frozenset({"bin", "boot", "dev", "etc", "lib", "lib32", "lib64", "libx32", "nix", "opt",
+                                "proc", "run", "sbin", "snap", "sys", "tmp", "usr", "var"})
+
+
+def _private_top_folders() -> list[Path]:
+    """The host's top-level folders that are not the system's (folders, not links)."""
+    return sorted(p for p in Path("/").iterdir()
+                  if p.name not in SYSTEM_TOP_FOLDERS and p.is_dir() and not p.is_symlink())
+
+
 def _needed_paths() -> list[Path]:
-    """What a run must be able to read: the Python installation, the virtual env, the course library."""
+    """What a run must be able to read: the Python installation, the virtual env, the course library
+    (``mgpu/`` and the grader's own ``autograder/``, nothing else of the project)."""
     paths = {Path(sys.base_prefix).resolve(), Path(sys.prefix).resolve(), Path(sys.executable).resolve().parent,
-             REPO_ROOT}
-    return sorted(paths)
+             REPO_ROOT / "mgpu", REPO_ROOT / "autograder", REPO_ROOT / "pyproject.toml"}
+    return sorted(p for p in paths if p.exists())
 
 
 def _die_with(grader_pid: int):
@@ -260,7 +300,7 @@ def run_environment(nb: Path, marker: str, extra: dict[str, str] | None = None) 
     return env
 
 
-UNSHARE = ["unshare", "--net", "--mount", "--pid", "--fork", "--kill-child", "--mount-proc",
+UNSHARE = ["unshare", "--net", "--mount", "--pid", "--ipc", "--fork", "--kill-child", "--mount-proc",
            "--propagation", "private"]
 
 
@@ -444,10 +484,27 @@ class RunResult:
     rewritten: list[int] = field(default_factory=list)  # epochs whose file changed after it was seen
     peak_memory_mb: float = 0.0
     isolation: str = ""         # '' when isolated, else the note saying why not
-    #: Horovod workers the grader saw: pid in the run's namespace -> {"rank", "size", "host_pid"}
+    #: Horovod workers the grader saw: pid in the run's namespace -> {"rank", "size", "host_pid",
+    #: "cpu_s"} (the CPU seconds it had used when last seen alive)
     horovod_workers: dict[int, dict] = field(default_factory=dict)
     tasks_peak: int = 0         # most tasks at once in the run's pids cgroup (0: no cgroup)
     worker_uid: int | None = None  # the workers' user, when the launch service started them
+    #: ``-np`` of every horovodrun the launch service started (empty without the service)
+    launched: list[int] = field(default_factory=list)
+
+    def workers_that_ran(self) -> dict[int, dict]:
+        """The Horovod workers that count: with the launch service, only those whose rank and size
+        fit the largest horovodrun it started (a process of a worker that sets Horovod's variables
+        itself, or claims another size, is not a worker), one per rank."""
+        if self.worker_uid is None:
+            return dict(self.horovod_workers)
+        size = max(self.launched, default=0)
+        counted, ranks = {}, set()
+        for pid, worker in sorted(self.horovod_workers.items()):
+            if worker["size"] == size and 0 <= worker["rank"] < size and worker["rank"] not in ranks:
+                counted[pid] = worker
+                ranks.add(worker["rank"])
+        return counted
 
 
 def _tree(root: psutil.Process) -> list[psutil.Process]:
@@ -496,9 +553,43 @@ def _horovod_worker(proc: psutil.Process, worker_uid: int | None) -> dict | None
         return None
 
 
+def _horovodrun_launch(proc: psutil.Process, worker_uid: int | None) -> int | None:
+    """The number of workers a ``horovodrun`` the launch service started was asked for (``-np``).
+
+    Only a process of the workers' user whose parent is root (the launch service) counts: the
+    service wrote that command line, and no process of the run can make itself root's child.
+    """
+    try:
+        if worker_uid is None or proc.uids().real != worker_uid or proc.parent() is None \
+                or proc.parent().uids().real != 0:
+            return None
+        argv = proc.cmdline()
+        if not any(os.path.basename(a) == "horovodrun" for a in argv[:2]) or "-np" not in argv:
+            return None
+        return int(argv[argv.index("-np") + 1])
+    except (psutil.Error, OSError, ValueError, IndexError):
+        return None
+
+
+def _note_training_cpu(workers: dict[int, dict]) -> None:
+    """A new epoch file appeared: note each worker's CPU seconds so far. ``train_cpu_s`` is then what
+    it used between the first and the latest epoch (training, without the start-up every worker
+    pays, importing TensorFlow and loading data, however little it trains)."""
+    for worker in list(workers.values()):
+        try:  # sampled now, not the watchdog's last sample (a busy machine can delay it)
+            times = psutil.Process(worker["host_pid"]).cpu_times()
+            worker["cpu_s"] = max(worker.get("cpu_s", 0.0), times.user + times.system)
+        except psutil.Error:
+            pass  # it has ended: what it used when last seen alive
+        now = worker.get("cpu_s", 0.0)
+        worker.setdefault("cpu_at_first_epoch", now)
+        worker["train_cpu_s"] = now - worker["cpu_at_first_epoch"]
+
+
 def _spot_workers(root: psutil.Process, popen: subprocess.Popen, workers: dict[int, dict],
-                  worker_uid: int | None) -> None:
-    """Until the run ends: note every Horovod worker, by its pid in the run's namespace."""
+                  worker_uid: int | None, launched: list[int] | None = None) -> None:
+    """Until the run ends: note every Horovod worker, by its pid in the run's namespace, and the
+    number of workers each ``horovodrun`` of the launch service was started with (``launched``)."""
     checked: set[int] = set()
     while popen.poll() is None:
         for proc in _tree(root):
@@ -511,9 +602,18 @@ def _spot_workers(root: psutil.Process, popen: subprocess.Popen, workers: dict[i
             except psutil.Error:
                 continue
             checked.add(proc.pid)
+            asked = _horovodrun_launch(proc, worker_uid)
+            if asked is not None and launched is not None:
+                launched.append(asked)
             worker = _horovod_worker(proc, worker_uid)
             if worker is not None:
                 workers[_namespace_pid(proc.pid)] = worker
+        for worker in list(workers.values()):  # the CPU each worker used, last seen alive
+            try:
+                times = psutil.Process(worker["host_pid"]).cpu_times()
+                worker["cpu_s"] = max(worker.get("cpu_s", 0.0), times.user + times.system)
+            except psutil.Error:
+                continue
         time.sleep(POLL_SECONDS)
 
 
@@ -597,6 +697,7 @@ class EpochKeeper:
         self.files: dict[int, Path] = {}
         self.rejected: dict[int, str] = {}
         self._digests: dict[int, str] = {}
+        self.kept_bytes = 0
         try:
             self._fd = os.open(self.output, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
         except OSError:
@@ -612,17 +713,23 @@ class EpochKeeper:
         return {int(m.group(1)): name for name in names if (m := assessment.EPOCH_FILE.match(name))}
 
     def poll(self, now: float) -> None:
-        for epoch, name in self._names().items():
+        for epoch, name in sorted(self._names().items()):
             if epoch in self.seen:
                 continue
             self.seen[epoch] = now
+            if len(self.seen) > MAX_KEPT_EPOCHS or self.kept_bytes >= MAX_KEPT_BYTES:
+                self.rejected[epoch] = (f"{name} was not kept: the run saved more than {MAX_KEPT_EPOCHS} epoch "
+                                        f"files or {MAX_KEPT_BYTES // 2**20} MB of them (save one file per epoch)")
+                continue
             try:
-                data = read_regular(self._fd, name, MAX_EPOCH_BYTES, self.owner)
+                data = read_regular(self._fd, name, min(MAX_EPOCH_BYTES, MAX_KEPT_BYTES - self.kept_bytes),
+                                    self.owner)
             except Rejected as error:
                 self.rejected[epoch] = str(error)
                 continue
             copy = self.keep / name
             copy.write_bytes(data)
+            self.kept_bytes += len(data)
             self.files[epoch] = copy
             self._digests[epoch] = hashlib.sha256(data).hexdigest()
 
@@ -809,7 +916,8 @@ def run_notebook(folder: RunFolder, name: str, parameters: dict, *, keep: Path, 
     workers: dict[int, dict] = {}
     # Reading a process's environment waits for its memory map, which a fork bomb keeps busy:
     # the workers are found in a thread of their own, so the limits above never wait for it.
-    spotter = threading.Thread(target=_spot_workers, args=(root, popen, workers, worker_uid), daemon=True)
+    launched: list[int] = []
+    spotter = threading.Thread(target=_spot_workers, args=(root, popen, workers, worker_uid, launched), daemon=True)
     spotter.start()
     try:
         while popen.poll() is None:
@@ -822,7 +930,10 @@ def run_notebook(folder: RunFolder, name: str, parameters: dict, *, keep: Path, 
             if now > timeout_s:
                 status, reason = "timeout", f"timed out after {timeout_s:.0f} s"
                 break
+            before = set(keeper.seen)
             keeper.poll(now)
+            if set(keeper.seen) != before:
+                _note_training_cpu(workers)
             memory = cgroups.resident_mb()
             if memory is None:  # no memory cgroup: sum per process (shared pages count more than once)
                 memory = _rss_mb(_tree(root))
@@ -872,4 +983,5 @@ def run_notebook(folder: RunFolder, name: str, parameters: dict, *, keep: Path, 
                      notebook=result.get("notebook") if result else None,
                      epoch_seen_s=dict(sorted(keeper.seen.items())), epoch_files=dict(sorted(keeper.files.items())),
                      epoch_rejected=keeper.rejected, rewritten=rewritten, peak_memory_mb=peak, isolation=note,
-                     horovod_workers=dict(sorted(workers.items())), tasks_peak=tasks_peak, worker_uid=worker_uid)
+                     horovod_workers=dict(sorted(workers.items())), tasks_peak=tasks_peak, worker_uid=worker_uid,
+                     launched=list(launched))

@@ -1,7 +1,11 @@
 """The sandbox a submission runs in: network off and folders hidden where the OS allows it, the
 grader's time-out and memory limit, a dead kernel, and no process left behind (real kernels)."""
 
+import os
+import shutil
+import tempfile
 import textwrap
+from pathlib import Path
 
 import nbformat
 import psutil
@@ -148,6 +152,43 @@ def test_a_fork_bomb_is_stopped_at_the_task_limit_and_leaves_nothing(tmp_path):
     assert not [p for p in psutil.process_iter() if _marked(p, tmp_path)]
 
 
+def test_the_host_is_an_allow_list_and_read_only(tmp_path):
+    """A run sees the system and the course library, not the host's other folders (submissions,
+    other courses, homes), and can write nowhere on the host: not /var/tmp, not /run/lock."""
+    available, why = sandbox.isolation_available()
+    if not available:
+        pytest.skip(why)
+    # A folder of submissions beside the project (under a top-level folder that is not the system's).
+    beside = Path(tempfile.mkdtemp(dir=sandbox.REPO_ROOT / "build" if (sandbox.REPO_ROOT / "build").is_dir()
+                                   else sandbox.REPO_ROOT, prefix="submissions-"))
+    (beside / "alice.ipynb").write_text("alice's answer")
+    writable = [p for p in ("/var/tmp", "/run/lock", "/var/lock") if os.path.isdir(p)]
+    try:
+        path = _notebook(tmp_path, f"""
+            import os, mgpu, autograder
+            print("submissions visible:", os.path.exists({str(beside / "alice.ipynb")!r}))
+            print("project visible:", sorted(os.listdir({str(sandbox.REPO_ROOT)!r})))
+            for place in {writable!r}:
+                try:
+                    open(os.path.join(place, "left-by-a-run"), "w").write("x")
+                    print("wrote", place)
+                except OSError as error:
+                    print("cannot write", place, error.strerror)
+            print("own folder writable:", bool(open("mine.txt", "w").write("x")))
+            """)
+        result = _run(path)
+    finally:
+        shutil.rmtree(beside)
+    text = _outputs(result.notebook)
+    assert result.status == "ok", result.reason
+    assert "submissions visible: False" in text, text
+    shown = text.split("project visible:")[1].splitlines()[0]
+    assert "autograder" in shown and "mgpu" in shown and "tests" not in shown and "assignments" not in shown, shown
+    assert "wrote" not in text and all(f"cannot write {p}" in text for p in writable), text
+    assert "own folder writable: True" in text
+    assert not any(os.path.exists(os.path.join(p, "left-by-a-run")) for p in writable)
+
+
 def test_the_run_is_not_root_and_cannot_undo_the_mounts(tmp_path):
     available, why = sandbox.isolation_available()
     if not available:
@@ -207,3 +248,4 @@ def test_horovod_workers_are_started_by_the_launch_service_as_their_own_user(tmp
     assert f"workers ran as ({sandbox.WORKER_UID}, 2)" in text, text
     assert result.worker_uid == int(sandbox.WORKER_UID)
     assert sorted(w["rank"] for w in result.horovod_workers.values()) == [0, 1]  # the fake is not one
+    assert result.launched == [2] and sorted(w["rank"] for w in result.workers_that_ran().values()) == [0, 1]
