@@ -38,6 +38,10 @@ OUTCOME_CELL = "outcome"
 CONTEXT_CELLS = ("setup",)
 PARAMETERS_CELL = "parameters"
 EXECUTED_DIR = "executed"
+#: The student's cell may hold at most this much source. The reference solution is 2.6 kB; 16 kB is
+#: six times that, and far below the reference model's weights (106k parameters: 414 kB as float32,
+#: 104 kB at 8 bits), so a run cannot carry in weights trained elsewhere at full size.
+MAX_STUDENT_CELL_BYTES = 16 * 1024
 
 
 class CourseError(RuntimeError):
@@ -243,8 +247,12 @@ class Course:
             for info in archive.infolist():
                 name = info.filename
                 stem = Path(name)
-                if info.is_dir() or stem.suffix != ".ipynb" or stem.name.startswith(".") or \
-                        name.startswith("__MACOSX/"):
+                if info.is_dir() or stem.suffix != ".ipynb" or name.startswith("__MACOSX/"):
+                    continue  # not a notebook, or the resource forks macOS adds to a zip
+                why = _unusable_name(stem.name) or (
+                    "a Jupyter checkpoint, not a submission" if ".ipynb_checkpoints" in stem.parts else "")
+                if why:
+                    refused.append({"name": name, "reason": why})
                     continue
                 if info.file_size > limit:
                     refused.append({"name": name, "reason": f"{info.file_size / 2**20:.1f} MB unpacked, more "
@@ -255,7 +263,11 @@ class Course:
         elif path.is_dir():
             archive = None
             for entry in sorted(os.scandir(path), key=lambda e: e.name):
-                if not entry.name.endswith(".ipynb") or entry.name.startswith("."):
+                if not entry.name.endswith(".ipynb"):
+                    continue
+                why = _unusable_name(entry.name)
+                if why:
+                    refused.append({"name": entry.name, "reason": why})
                     continue
                 found.setdefault(_student_id(entry.name[:-len(".ipynb")]), []).append(entry.name)
                 readers[entry.name] = (lambda entry=entry: _read_file_entry(path, entry.name, limit))
@@ -364,6 +376,13 @@ class Course:
             if len(theirs[grade_id]) > 1:
                 raise InvalidCells(f"{len(theirs[grade_id])} cells are marked {grade_id}: keep only one "
                                    "(copy your code into the released notebook's cell)")
+            mine = theirs[grade_id][0].source
+            size = len((mine if isinstance(mine, str) else "".join(mine)).encode())
+            if size > MAX_STUDENT_CELL_BYTES:
+                raise InvalidCells(f"your cell {grade_id} is {size / 1024:.0f} KB, more than the "
+                                   f"{MAX_STUDENT_CELL_BYTES // 1024} KB a training program needs (the reference "
+                                   "solution is under 3 KB): weights and data cannot be brought in through the "
+                                   "notebook; submit the training code alone")
         restored, notes = [], []
         from nbgrader.utils import compute_checksum
 
@@ -511,8 +530,16 @@ def _write_bytes_atomically(path: Path, data: bytes) -> None:
 
 
 def _student_id(stem: str) -> str:
-    cleaned = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in stem).strip("._")
-    return cleaned or "student"
+    return "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in stem).strip("._")
+
+
+def _unusable_name(name: str) -> str:
+    """Why a notebook's file name gives no student id ('' when it gives one)."""
+    if name.startswith("."):
+        return "a hidden file (its name starts with '.'): name it <student id>.ipynb and import again"
+    if not _student_id(name[:-len(".ipynb")]):
+        return "the file name holds no student id: name it <student id>.ipynb and import again"
+    return ""
 
 
 def _write_atomically(path: Path, text: str) -> None:

@@ -100,6 +100,7 @@ class Verdict:
     graded_at: str = ""
     notes: list = field(default_factory=list)        # what was set aside (cells added, reordered, ...)
     horovod_workers_seen: int = 0                    # by the sandbox, from outside the run
+    worker_cpu_s: dict = field(default_factory=dict)  # rank -> CPU seconds it used, from outside the run
     discarded_facts: int = 0                         # facts files not written by a worker it saw
     heldout: str = ""                                # what the accuracy was measured on
     dataset: str = ""
@@ -255,15 +256,20 @@ class CohortGrader:
             verdict.run_status = run.status
             verdict.peak_memory_mb = run.peak_memory_mb
             verdict.isolation = run.isolation
-            verdict.horovod_workers_seen = len(run.horovod_workers)
+            ran = run.workers_that_ran()
+            verdict.horovod_workers_seen = len(ran)
             if run.status != "ok":
                 verdict.reasons.insert(0, run.reason)
-            elif len(run.horovod_workers) != self.profile.workers:
-                verdict.reasons.append(f"the grader saw {len(run.horovod_workers)} Horovod worker(s); the "
+            elif len(ran) != self.profile.workers:
+                verdict.reasons.append(f"the grader saw {len(ran)} Horovod worker(s); the "
                                        f"profile runs {self.profile.workers}: keep launch.run(train, workers)")
+            elif (idle := idle_worker(ran)):
+                verdict.reasons.append(idle)
+            verdict.worker_cpu_s = {str(w["rank"]): {"total": round(w.get("cpu_s", 0.0), 1),
+                                                     "training": round(w.get("train_cpu_s", 0.0), 1)}
+                                    for w in ran.values()}
             facts, verdict.discarded_facts = vet_facts(
-                sandbox.read_outputs(work.output, r"facts-\d+\.json", MAX_FACTS_BYTES, run.worker_uid),
-                run.horovod_workers)
+                sandbox.read_outputs(work.output, r"facts-\d+\.json", MAX_FACTS_BYTES, run.worker_uid), ran)
             if verdict.discarded_facts:
                 verdict.notes.append(f"{verdict.discarded_facts} facts file(s) not written by a Horovod worker "
                                      "the grader started were discarded")
@@ -297,8 +303,12 @@ class CohortGrader:
                                                            else f"rejected: {e.rejected}")
                   for e in outcome.epochs]
         lines.append(("PASSED: " if outcome.passed else "NOT REACHED: ") + outcome.reason)
+        idle = idle_worker(run.workers_that_ran())
+        if idle and outcome.passed:  # reached, but not by data-parallel training: the outcome is not met
+            outcome.passed, outcome.reason = False, idle
+            lines[-1] = "NOT REACHED: " + idle
         course_mod.set_outcome(executed, outcome.passed, lines, outcome.reason)
-        if not outcome.passed:
+        if not outcome.passed and outcome.reason not in verdict.reasons:
             verdict.reasons.append(outcome.reason)
         verdict.passed = verdict.outcome_passed = outcome.passed  # tests are added in _finish
         if verdict.horovod_workers_seen != self.profile.workers and run.status == "ok":
@@ -541,20 +551,45 @@ def _regrade_outcome(grader: CohortGrader, record: dict, reason: str) -> None:
     record["score"] = sum(v[0] for v in scores.values())
 
 
-def flag_copied_weights(grader: CohortGrader, records: list[dict]) -> list[str]:
-    """Fail every submission whose saved weights (at or above the target) equal another student's.
+#: Every Horovod worker must use at least this share of the busiest worker's CPU time: with data
+#: parallelism each trains on its own shard, so their CPU times are close (rank 0 also saves and
+#: validates); a worker that only wrote facts and returned while rank 0 trained alone is far below.
+MIN_WORKER_CPU_SHARE = 1 / 3
 
-    Each submission trains on its own order and subset of the images (the course secret), so two
-    runs cannot end with bit-identical weights unless the weights were copied; both sides of a
-    copy are failed and named to each other, for the instructor to review. Returns the students
-    flagged now.
+
+def idle_worker(workers: dict[int, dict]) -> str:
+    """Why the run does not count as data-parallel training ('' when every worker did its share).
+
+    Compared: the CPU seconds each worker used while the epochs were being saved (``train_cpu_s``,
+    from the first epoch file to the last), which leaves out the start-up every worker pays.
     """
+    if len(workers) < 2 or any("train_cpu_s" not in w for w in workers.values()):
+        return ""  # fewer than two epochs seen: nothing to compare (the outcome fails anyway)
+    cpu = {w["rank"]: w["train_cpu_s"] for w in workers.values()}
+    if max(cpu.values()) <= 0:
+        return ""
+    busiest = max(cpu, key=cpu.get)
+    idlest = min(cpu, key=cpu.get)
+    if cpu[idlest] >= MIN_WORKER_CPU_SHARE * cpu[busiest]:
+        return ""
+    return (f"Horovod worker rank {idlest} used {cpu[idlest]:.1f} s of CPU while the epochs were saved, against "
+            f"{cpu[busiest]:.1f} s for rank {busiest}: every worker must train on its own share of the data (at "
+            f"least {MIN_WORKER_CPU_SHARE:.2f} of the busiest one's CPU time)")
+
+
+def copy_partners(records: list[dict]) -> dict[str, dict[str, int]]:
+    """``{student: {other: epoch}}`` for every pair of submissions that share weights, or predictions
+    on :data:`measure.COPY_AGREEMENT` of the held-out images, at or above the target."""
     owners: dict[str, dict[str, int]] = {}
+    predicted: dict[str, list[tuple[int, np.ndarray]]] = {}  # student: (epoch, predictions) at or above the target
     for record in records:
         for epoch in record.get("epochs", []):
             digest = epoch.get("weights_sha256")
             if digest and epoch.get("accuracy") is not None and epoch["accuracy"] >= record["target_accuracy"]:
                 owners.setdefault(digest, {}).setdefault(record["student"], epoch["epoch"])
+                if epoch.get("predictions"):
+                    predicted.setdefault(record["student"], []).append(
+                        (epoch["epoch"], measure.decode_predictions(epoch["predictions"])))
     partners: dict[str, dict[str, int]] = {}
     for holders in owners.values():
         if len(holders) > 1:
@@ -562,6 +597,29 @@ def flag_copied_weights(grader: CohortGrader, records: list[dict]) -> list[str]:
                 for other in holders:
                     if other != student:
                         partners.setdefault(student, {}).setdefault(other, epoch)
+    # Weights disguised (rescaled, permuted, a little noise) still compute what they computed: two
+    # honest runs disagree on a few percent of the held-out images, copies on (almost) none.
+    students = sorted(predicted)
+    for i, student in enumerate(students):
+        for other in students[i + 1:]:
+            match = next(((e, f) for e, p in predicted[student] for f, q in predicted[other]
+                          if len(p) == len(q) and np.mean(p == q) >= measure.COPY_AGREEMENT), None)
+            if match is not None:
+                partners.setdefault(student, {}).setdefault(other, match[0])
+                partners.setdefault(other, {}).setdefault(student, match[1])
+    return partners
+
+
+def flag_copied_weights(grader: CohortGrader, records: list[dict]) -> list[str]:
+    """Fail every submission whose saved weights (at or above the target) equal another student's,
+    or whose held-out predictions agree with another's on :data:`measure.COPY_AGREEMENT` of the images.
+
+    Each submission trains on its own order and subset of the images (the course secret), so two
+    runs cannot end with bit-identical weights unless the weights were copied; both sides of a
+    copy are failed and named to each other, for the instructor to review. Returns the students
+    flagged now.
+    """
+    partners = copy_partners(records)
     flagged = []
     by_student = {r["student"]: r for r in records}
     for student, others in sorted(partners.items()):
@@ -569,8 +627,9 @@ def flag_copied_weights(grader: CohortGrader, records: list[dict]) -> list[str]:
         if set(others) <= set(record.get("copied_from") or []):
             continue
         epoch = min(others.values())
-        reason = (f"copied weights: epoch {epoch}'s weights are identical to those of {', '.join(sorted(others))} "
-                  "(every submission trains on its own order of the images, so identical weights were copied)")
+        reason = (f"copied weights: epoch {epoch}'s weights, or their predictions on the held-out images, are "
+                  f"identical to those of {', '.join(sorted(others))} (every submission trains on its own order "
+                  "of the images, so identical weights or predictions were copied)")
         record["copied_from"] = sorted(set(record.get("copied_from") or []) | set(others))
         record["passed"] = record["outcome_passed"] = False
         record["reasons"] = [*record.get("reasons", []), reason]

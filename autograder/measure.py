@@ -9,8 +9,11 @@ target for 2 consecutive epochs, the second one seen (grader's clock) within the
 
 The files measured are the grader's own copies, taken by the sandbox the moment each epoch file
 first appeared, so an epoch's accuracy and its time are those of the same weights. Two epochs
-are two epochs of training only if the weights moved between them: an epoch whose weights are
-identical (or nearly, :data:`MIN_EPOCH_CHANGE`) to the previous epoch's does not extend a streak.
+are two epochs of training only if the weights moved between them and so did what they compute:
+an epoch whose weights (:data:`MIN_EPOCH_CHANGE`) or held-out logits (:data:`MIN_OUTPUT_CHANGE`)
+are (nearly) the previous epoch's does not extend a streak, so the same model saved again, or
+disguised by a transformation that keeps its function (a rescaled layer, permuted units), is not
+a second epoch. Each epoch's held-out predictions are kept for the cohort's test for copies.
 A run whose first saved epoch is already at the target is held for the instructor's review.
 """
 
@@ -31,6 +34,18 @@ from mgpu import assessment
 #: to learn (SGD 4e-4, Adam 1e-5, validation accuracy 0.41) moved 0.4% and 0.7%. 0.1% is 39x
 #: below the first, and far above a copy with noise small enough to keep its accuracy.
 MIN_EPOCH_CHANGE = 1e-3
+#: Smallest relative change of the held-out logits, ||z_e - z_(e-1)|| / ||z_(e-1)||, for epoch e to
+#: count: the weights can be moved without changing what they compute (rescale a ReLU layer's
+#: output and the next layer's input, permute hidden units), the function cannot. Measured with
+#: ``python benchmarks/epoch_changes.py``: the settings that reach 0.80 changed their validation
+#: logits by at least 4.3% in every epoch (Adam 1e-3; SGD 0.04: 14%), 43x above this.
+MIN_OUTPUT_CHANGE = 1e-3
+#: Two submissions whose predictions on the held-out images agree on at least this fraction of
+#: them, at or above the target, are copies (however their weights were disguised). Measured with
+#: ``python benchmarks/epoch_changes.py``: two honest runs from the same start on two orders of the
+#: images agreed on 92.1-94.5% of the validation images (they disagree on 5.5% or more; copies
+#: here on at most 1%).
+COPY_AGREEMENT = 0.99
 
 
 @dataclass
@@ -41,6 +56,8 @@ class EpochMeasurement:
     rejected: str = ""             # why, in one line
     weights_sha256: str = ""       # of the weights as loaded (shapes and float32 bytes), for copies
     change: float | None = None    # relative change of the weights since the previous epoch's file
+    output_change: float | None = None  # relative change of the held-out logits since then
+    predictions: str = ""          # the held-out predictions (base64 of one uint8 class per image), for copies
 
 
 @dataclass
@@ -65,7 +82,7 @@ class Measurer:
 
         self.x_test, self.y_test = x_test, np.asarray(y_test).astype(np.int64)
         self.model = assessment.reference_model(image_shape, num_classes)
-        self._predict = tf.function(lambda x: tf.argmax(self.model(x, training=False), axis=-1))
+        self._logits = tf.function(lambda x: self.model(x, training=False))
         self._lock = threading.Lock()
 
     def accuracy(self, weights_file: Path) -> float:
@@ -74,10 +91,10 @@ class Measurer:
 
     def accuracy_and_hash(self, weights_file: Path) -> tuple[float, str]:
         """(held-out accuracy, SHA-256 of the weights as loaded); raises :class:`assessment.WeightsRejected`."""
-        accuracy, digest, _ = self._measure(weights_file)
+        accuracy, digest, _, _ = self._measure(weights_file)
         return accuracy, digest
 
-    def _measure(self, weights_file: Path) -> tuple[float, str, np.ndarray]:
+    def _measure(self, weights_file: Path) -> tuple[float, str, np.ndarray, np.ndarray]:
         import hashlib
 
         import tensorflow as tf
@@ -89,32 +106,52 @@ class Measurer:
             for weight in weights:
                 digest.update(str(weight.shape).encode())
                 digest.update(np.ascontiguousarray(weight, dtype=np.float32).tobytes())
-            correct = 0
-            for start in range(0, len(self.x_test), 1000):
-                batch = tf.constant(self.x_test[start:start + 1000])
-                correct += int(np.sum(self._predict(batch).numpy() == self.y_test[start:start + 1000]))
+            logits = np.concatenate([self._logits(tf.constant(self.x_test[start:start + 1000])).numpy()
+                                     for start in range(0, len(self.x_test), 1000)]).astype(np.float64)
+        correct = int(np.sum(np.argmax(logits, axis=1) == self.y_test))
         flat = np.concatenate([np.ravel(w).astype(np.float64) for w in weights])
-        return correct / len(self.x_test), digest.hexdigest(), flat
+        return correct / len(self.x_test), digest.hexdigest(), flat, logits
 
     def measure(self, files: dict[int, Path], seen_s: dict[int, float],
                 rejected: dict[int, str] | None = None) -> list[EpochMeasurement]:
         """Measure the grader's copies of the epoch files (``{epoch: path}``), with when each was seen."""
         measured = [EpochMeasurement(epoch, seen_s.get(epoch, float("nan")), None, why)
                     for epoch, why in (rejected or {}).items()]
-        previous: tuple[int, np.ndarray] | None = None
+        previous: tuple[int, np.ndarray, np.ndarray] | None = None
         for epoch, path in sorted(files.items()):
             seconds = seen_s.get(epoch, float("nan"))
             try:
-                accuracy, digest, flat = self._measure(path)
+                accuracy, digest, flat, logits = self._measure(path)
             except assessment.WeightsRejected as error:
                 measured.append(EpochMeasurement(epoch, seconds, None, str(error)))
                 continue
-            change = None
+            change = output_change = None
             if previous is not None and previous[0] == epoch - 1:
-                change = float(np.linalg.norm(flat - previous[1]) / (np.linalg.norm(previous[1]) + 1e-12))
-            measured.append(EpochMeasurement(epoch, seconds, accuracy, weights_sha256=digest, change=change))
-            previous = (epoch, flat)
+                change = _relative(flat, previous[1])
+                output_change = _relative(logits, previous[2])
+            measured.append(EpochMeasurement(epoch, seconds, accuracy, weights_sha256=digest, change=change,
+                                             output_change=output_change,
+                                             predictions=encode_predictions(np.argmax(logits, axis=1))))
+            previous = (epoch, flat, logits)
         return sorted(measured, key=lambda e: e.epoch)
+
+
+def _relative(now: np.ndarray, before: np.ndarray) -> float:
+    return float(np.linalg.norm(now - before) / (np.linalg.norm(before) + 1e-12))
+
+
+def encode_predictions(classes: np.ndarray) -> str:
+    """One class per held-out image, as compact text for a record."""
+    import base64
+
+    return base64.b64encode(np.asarray(classes, np.uint8).tobytes()).decode()
+
+
+def decode_predictions(text: str) -> np.ndarray:
+    """The classes :func:`encode_predictions` wrote."""
+    import base64
+
+    return np.frombuffer(base64.b64decode(text), np.uint8)
 
 
 def decide(epochs: list[EpochMeasurement], target: float, budget_s: float,
@@ -126,7 +163,8 @@ def decide(epochs: list[EpochMeasurement], target: float, budget_s: float,
     rejected = [e for e in epochs if e.accuracy is None]
     valid = [e for e in epochs if e.accuracy is not None]
     best = max((e.accuracy for e in valid), default=None)
-    still = [e.epoch for e in valid if e.change is not None and e.change < MIN_EPOCH_CHANGE]
+    still = [e.epoch for e in valid if (e.change is not None and e.change < MIN_EPOCH_CHANGE)
+             or (e.output_change is not None and e.output_change < MIN_OUTPUT_CHANGE)]
     streak, previous = 0, None
     for e in sorted(epochs, key=lambda e: e.epoch):
         ok = e.accuracy is not None and e.accuracy >= target and e.epoch not in still
@@ -158,8 +196,9 @@ def decide(epochs: list[EpochMeasurement], target: float, budget_s: float,
     else:
         reason = f"accuracy {best:.3f} < {target:.3f} target (best of {len(valid)} saved epochs)"
     if still:
-        reason += (f"; epoch(s) {', '.join(map(str, still))} did not count: their weights are (nearly) those of "
-                   "the epoch before, so no training happened between them")
+        reason += (f"; epoch(s) {', '.join(map(str, still))} did not count: their weights, or what the weights "
+                   "compute on the held-out images, are (nearly) those of the epoch before, so no training "
+                   "happened between them")
     if rejected:
         reason += f"; {len(rejected)} epoch file(s) rejected: {rejected[0].rejected}"
     return Outcome(False, reason, epochs, best_accuracy=best)

@@ -37,6 +37,26 @@ def write_atomically(path: Path, text: str) -> None:
         raise
 
 
+#: Characters a run's text may carry that would hide or disguise what a report says: control
+#: characters (NUL, escape sequences) and Unicode's invisible formatting (bidirectional overrides,
+#: zero-width characters).
+_HIDDEN = {c: None for c in [*range(0, 9), *range(11, 32), 127, *range(0x80, 0xA0), 0x200B, 0x200C, 0x200D,
+                             0x200E, 0x200F, *range(0x202A, 0x202F), *range(0x2066, 0x206A), 0xFEFF]}
+
+
+def printable(text) -> str:
+    """``text`` as a report shows it: hidden characters removed (newlines and tabs kept)."""
+    return str(text).translate(_HIDDEN)
+
+
+def _cell(value):
+    """A CSV cell: printable, and text a spreadsheet would run as a formula (=, +, -, @) quoted."""
+    if not isinstance(value, str):
+        return value
+    value = printable(value)
+    return "'" + value if value[:1] in ("=", "+", "-", "@") else value
+
+
 def csv_text(records: list[dict], refused: list[dict] = ()) -> str:
     """One row per graded student, then one per notebook the import refused (run_status ``not imported``)."""
     buffer = io.StringIO()
@@ -45,10 +65,11 @@ def csv_text(records: list[dict], refused: list[dict] = ()) -> str:
     for record in sorted(records, key=lambda r: r["student"]):
         row = {k: record.get(k) for k in CSV_COLUMNS}
         row["copied_from"] = " ".join(record.get("copied_from") or [])
-        writer.writerow(row)
+        writer.writerow({k: _cell(v) for k, v in row.items()})
     for entry in refused:
-        writer.writerow({"student": entry["name"], "passed": False, "run_status": "not imported",
-                         "reason": entry.get("reason", "")})
+        writer.writerow({k: _cell(v) for k, v in {"student": entry["name"], "passed": False,
+                                                  "run_status": "not imported",
+                                                  "reason": entry.get("reason", "")}.items()})
     return buffer.getvalue()
 
 
@@ -79,10 +100,14 @@ def accuracy_plot_png(records: list[dict], target: float | None, budget: float |
     return buffer.getvalue()
 
 
+def _html(text) -> str:
+    return html.escape(printable(text))
+
+
 def _refused_html(refused: list[dict]) -> str:
     if not refused:
         return ""
-    rows = "".join(f"<tr><td>{html.escape(e['name'])}</td><td>{html.escape(e.get('reason', ''))}</td></tr>"
+    rows = "".join(f"<tr><td>{_html(e['name'])}</td><td>{_html(e.get('reason', ''))}</td></tr>"
                    for e in refused)
     return (f"<h2>Not imported ({len(refused)})</h2><p>Notebooks the last <code>--submissions</code> import "
             f"left out; nothing of them is in the gradebook.</p>\n<table><tr><th>file</th><th>why</th></tr>"
@@ -101,12 +126,12 @@ def html_text(records: list[dict], profile, refused: list[dict] = ()) -> str:
     for r in records:
         verdict = "pass" if r.get("passed") else "fail"
         rows.append(
-            f"<tr class='{verdict}'><td>{html.escape(r['student'])}</td><td>{verdict}</td>"
-            f"<td>{html.escape(r.get('reason') or '')}</td>"
+            f"<tr class='{verdict}'><td>{_html(r['student'])}</td><td>{verdict}</td>"
+            f"<td>{_html(r.get('reason') or '')}</td>"
             f"<td>{_number(r.get('score'), 1)} / {_number(r.get('max_score'), 1)}</td>"
             f"<td>{_number(r.get('accuracy'), 3)}</td><td>{_number(r.get('reached_seconds'), 0)}</td>"
             f"<td>{_number(r.get('notebook_seconds'), 0)}</td>"
-            f"<td>{html.escape(r.get('certificate') or r.get('certificate_note') or '')}</td></tr>")
+            f"<td>{_html(r.get('certificate') or r.get('certificate_note') or '')}</td></tr>")
     return f"""<!DOCTYPE html>
 <html><head><meta charset="utf-8"><title>Assessment report</title>
 <style>body{{font-family:sans-serif;margin:2em}} table{{border-collapse:collapse}}

@@ -315,6 +315,24 @@ def is_distributed_optimizer(optimizer) -> bool:
     return type(optimizer).__module__.startswith("horovod") and hasattr(optimizer, "_allreduce_grads")
 
 
+#: Functions Horovod's DistributedOptimizer keeps on the instance (horovod/_keras, 0.28.1).
+HOROVOD_FUNCTIONS = ("_allreduce_grads",)
+
+
+def replaced_methods(optimizer) -> list[str]:
+    """Functions set on the instance itself: one of its class's methods replaced
+    (``opt._allreduce = ...``), or the all-reduce function Horovod's wrapper keeps on the instance
+    replaced by one that is not Horovod's (``opt._allreduce_grads = lambda ...``). The probe below
+    steps a fresh copy, which would not have them. (A learning rate given as a function is an
+    instance attribute too, and is not flagged.)"""
+    import inspect
+
+    return sorted(name for name, value in vars(optimizer).items()
+                  if inspect.isroutine(value) and (
+                      inspect.isroutine(inspect.getattr_static(type(optimizer), name, None))
+                      or (name in HOROVOD_FUNCTIONS and not str(getattr(value, "__module__", "")).startswith("horovod"))))
+
+
 def averages_gradients(optimizer) -> bool | None:
     """Whether ``optimizer`` averages the gradients over the Horovod workers, judged by what it does.
 
@@ -322,14 +340,17 @@ def averages_gradients(optimizer) -> bool | None:
     1) on a probe variable, through ``minimize`` as ``model.fit`` does: worker r's gradient is
     ``size`` on coordinate r and 0 elsewhere, so their average is 1 everywhere. The step must equal
     that of the same optimizer, unwrapped, given the average. An optimizer that does not all-reduce
-    moves one coordinate only, whatever its class is called. Call it on every worker at once (it
-    all-reduces); None when no Horovod job of 2 or more workers runs.
+    moves one coordinate only, whatever its class is called; an instance whose methods were replaced
+    (:func:`replaced_methods`) is not the copy that was checked, and does not pass. Call it on every
+    worker at once (it all-reduces); None when no Horovod job of 2 or more workers runs.
     """
     rank, size, hvd = _horovod()
     if hvd is None or size < 2:
         return None
     import tensorflow as tf
 
+    # Checked after the probe's all-reduce, so that every worker takes part in it whatever it finds.
+    altered = bool(replaced_methods(optimizer))  # the copy would not be what trains
     config = dict(optimizer.get_config(), learning_rate=1.0)
     plain = next(c for c in type(optimizer).__mro__ if not c.__module__.startswith("horovod"))
     try:
@@ -344,7 +365,7 @@ def averages_gradients(optimizer) -> bool | None:
     expected = tf.Variable(tf.zeros([size]), name="averaging_expected")
     reference.apply_gradients([(tf.ones([size]), expected)])
     got, want = mine.numpy(), expected.numpy()
-    return bool(np.any(want != 0) and np.allclose(got, want, rtol=1e-4, atol=1e-6))
+    return bool(np.any(want != 0) and np.allclose(got, want, rtol=1e-4, atol=1e-6)) and not altered
 
 
 def _callback_classes():
@@ -397,6 +418,8 @@ def _callback_classes():
                 spread = float(np.abs(every - every[0]).max() / (np.abs(every[0]).max() + 1e-12))
                 in_sync = spread < 1e-5
                 self.facts["weights_in_sync"] = bool(in_sync and self.facts["weights_in_sync"] is not False)
+            if replaced_methods(self.model.optimizer):  # altered after the probe at the start
+                self.facts["distributed_optimizer"] = False
             self.facts["epochs_done"] = epoch + 1
             self._write()
 

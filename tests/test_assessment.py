@@ -178,3 +178,19 @@ def test_facts_tell_a_horovod_conversion_from_none(tmp_path, convert):
     assert list(assessment.epoch_files(tmp_path)) == [0, 1]
     records = [json.loads(p.read_text()) for p in tmp_path.glob("facts-*.json")]
     assert sorted(r["rank"] for r in records) == [0, 1]
+
+
+def test_an_optimizer_altered_on_its_instance_is_named():
+    import horovod.tensorflow.keras as hvd
+    import tensorflow as tf
+
+    hvd.init()
+    assert assessment.replaced_methods(hvd.DistributedOptimizer(tf.keras.optimizers.SGD(0.1))) == []
+    # A learning rate given as a function lives on the instance too, and is not an alteration.
+    assert assessment.replaced_methods(hvd.DistributedOptimizer(tf.keras.optimizers.SGD(lambda: 0.1))) == []
+    patched = hvd.DistributedOptimizer(tf.keras.optimizers.SGD(0.1))
+    patched._allreduce = lambda grads, variables: list(grads)  # the copy the probe steps would still average
+    assert assessment.replaced_methods(patched) == ["_allreduce"]
+    inner = hvd.DistributedOptimizer(tf.keras.optimizers.Adam(0.1))
+    inner._allreduce_grads = lambda grads, variables: grads
+    assert assessment.replaced_methods(inner) == ["_allreduce_grads"]

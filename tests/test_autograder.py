@@ -65,6 +65,17 @@ def test_an_epoch_whose_weights_did_not_move_is_not_a_second_epoch():
     assert measure.decide(epochs, target=0.8, budget_s=100).passed
 
 
+def test_an_epoch_that_computes_what_the_one_before_computed_is_not_a_second_epoch():
+    # Weights moved (a rescaled layer, permuted units) but the held-out logits did not.
+    epochs = _epochs(0.5, 0.85, 0.85)
+    epochs[1].change, epochs[2].change = 0.2, 0.63
+    epochs[1].output_change, epochs[2].output_change = 0.3, 1e-7
+    outcome = measure.decide(epochs, target=0.8, budget_s=100)
+    assert not outcome.passed and "epoch(s) 2 did not count" in outcome.reason and "compute" in outcome.reason
+    epochs[2].output_change = 0.05
+    assert measure.decide(epochs, target=0.8, budget_s=100).passed
+
+
 def test_a_first_saved_epoch_already_at_the_target_is_held_for_review():
     outcome = measure.decide(_epochs(0.86, 0.87), target=0.8, budget_s=100, first_epoch_accuracy=0.64)
     assert not outcome.passed and outcome.review.startswith("held for review: the first epoch the run saved")
@@ -99,6 +110,29 @@ def test_measurer_agrees_with_keras_on_the_same_weights(tmp_path):
     assert measured[2].change is None  # epoch 1 was rejected: nothing to compare with
     assert measured[3].change == 0.0 and measured[3].weights_sha256 == measured[2].weights_sha256
     assert measured[4].accuracy is None and measured[4].rejected == "epoch_004.npz is a link"
+    assert measured[3].output_change == 0.0 and measured[2].output_change is None
+    assert np.array_equal(measure.decode_predictions(measured[0].predictions), np.argmax(model.predict(x, verbose=0), -1))
+
+
+def _rescaled(weights, alpha):
+    """The same function, other weights: the first convolution's output times alpha (ReLU commutes
+    with a positive scale, max-pooling too), the second convolution's kernel divided by alpha."""
+    w = [np.array(v) for v in weights]
+    w[0], w[1], w[2] = w[0] * alpha, w[1] * alpha, w[2] / alpha
+    return w
+
+
+def test_a_disguised_copy_of_an_epoch_moves_the_weights_but_not_the_logits(tmp_path):
+    rng = np.random.default_rng(2)
+    x = rng.integers(0, 255, size=(600, 28, 28), dtype=np.uint8)
+    model = assessment.reference_model(seed=3)
+    y = np.argmax(model.predict(x, verbose=0), axis=-1)
+    assessment.save_weights_atomically(model.get_weights(), tmp_path / "epoch_000.npz")
+    assessment.save_weights_atomically(_rescaled(model.get_weights(), 3.0), tmp_path / "epoch_001.npz")
+    files = {e: tmp_path / f"epoch_{e:03d}.npz" for e in range(2)}
+    first, second = measure.Measurer(x, y, (28, 28), 10).measure(files, {})
+    assert second.change > 100 * measure.MIN_EPOCH_CHANGE and second.output_change < 1e-5 < measure.MIN_OUTPUT_CHANGE
+    assert second.predictions == first.predictions and second.weights_sha256 != first.weights_sha256
 
 
 # ---------------------------------------------------------------------------------- validate
@@ -273,11 +307,15 @@ def test_an_import_reads_only_regular_files_and_refuses_the_rest_by_name(course_
     (folder / "big.ipynb").write_bytes(b" " * (validate.MAX_NOTEBOOK_BYTES + 1))
     shutil.copyfile(SOURCE, folder / "Ann B.ipynb")   # both are the student id Ann_B:
     shutil.copyfile(SOURCE, folder / "Ann_B.ipynb")   # neither may replace the other
+    for nameless in (".ipynb", "..ipynb", "...ipynb", "_.ipynb"):  # no student id in the name: listed, not lost
+        shutil.copyfile(SOURCE, folder / nameless)
     imported, refused = course.import_submissions(folder)
     assert imported == ["ok"]
     reasons = {entry["name"]: entry["reason"] for entry in refused}
     assert set(reasons) == {"link.ipynb", "zero.ipynb", "fifo.ipynb", "folder.ipynb", "big.ipynb",
-                            "Ann B.ipynb", "Ann_B.ipynb"}
+                            "Ann B.ipynb", "Ann_B.ipynb", ".ipynb", "..ipynb", "...ipynb", "_.ipynb"}
+    assert all("hidden file" in reasons[n] for n in (".ipynb", "..ipynb", "...ipynb"))
+    assert "holds no student id" in reasons["_.ipynb"]
     assert "is a link" in reasons["link.ipynb"] and "is a link" in reasons["zero.ipynb"]
     assert "not a regular file" in reasons["fifo.ipynb"] and "not a regular file" in reasons["folder.ipynb"]
     assert "larger than" in reasons["big.ipynb"] and "Ann_B.ipynb" in reasons["Ann B.ipynb"]
@@ -530,6 +568,25 @@ def test_each_epoch_file_is_kept_as_it_was_when_first_seen(tmp_path):
     keeper.close()
 
 
+def test_a_run_that_saves_deletes_and_saves_again_cannot_fill_the_graders_disk(tmp_path, monkeypatch):
+    from autograder import sandbox
+
+    monkeypatch.setattr(sandbox, "MAX_KEPT_EPOCHS", 3)
+    monkeypatch.setattr(sandbox, "MAX_KEPT_BYTES", 250)
+    output, keep = tmp_path / "output", tmp_path / "keep"
+    output.mkdir()
+    keeper = sandbox.EpochKeeper(output, keep, owner=None)
+    for epoch in range(6):  # each file copied, then deleted: the run's own disk never fills
+        (output / f"epoch_{epoch:03d}.npz").write_bytes(b"x" * 100)
+        keeper.poll(float(epoch))
+        (output / f"epoch_{epoch:03d}.npz").unlink()
+    assert sorted(keeper.files) == [0, 1] and keeper.kept_bytes == 200
+    assert "larger than" in keeper.rejected[2]  # only 50 bytes were left to keep
+    assert all("was not kept" in keeper.rejected[e] for e in (3, 4, 5))
+    assert sum(p.stat().st_size for p in keep.iterdir()) <= 250
+    keeper.close()
+
+
 def test_the_executed_notebook_gives_outputs_only_to_cells_it_did_not_change(course_dir):
     course = course_mod.Course(course_dir, "assessment")
     canonical = nbformat.read(course.release_dir() / "assessment.ipynb", as_version=4)
@@ -549,3 +606,83 @@ def test_the_executed_notebook_gives_outputs_only_to_cells_it_did_not_change(cou
     assert altered == "a cell's source differs from the one the grader ran"
     assert all(not c.get("outputs") for c in merged.cells if c.cell_type == "code")
     assert grade.merge_outputs(canonical, "{not json")[1].startswith("not a valid notebook")
+
+
+# ------------------------------------------------------------------------------------- copies
+
+def _record(student, *epochs, target=0.8):
+    return {"student": student, "target_accuracy": target,
+            "epochs": [{"epoch": e, "accuracy": a, "weights_sha256": sha, "predictions": measure.encode_predictions(p)}
+                       for e, a, sha, p in epochs]}
+
+
+def test_copies_are_found_by_identical_weights_or_by_predictions_however_the_weights_were_disguised():
+    rng = np.random.default_rng(0)
+    truth = rng.integers(0, 10, 2000)
+    shared = truth.copy()
+    shared[:100] = (shared[:100] + 1) % 10  # an 95%-accurate model
+    honest = shared.copy()
+    flip = rng.choice(2000, 120, replace=False)  # another honest run: disagrees on 6% (measured: 5.5-8%)
+    honest[flip] = (honest[flip] + 3) % 10
+    near = shared.copy()
+    near[:10] = (near[:10] + 5) % 10  # a copy with a little noise: 0.5% changed
+    records = [_record("alice", (3, 0.95, "a3", shared)),
+               _record("bob", (4, 0.95, "b4", shared)),        # other weights, the same function
+               _record("carol", (5, 0.93, "c5", honest)),
+               _record("dave", (2, 0.95, "a3", truth)),        # alice's very weights
+               _record("erin", (6, 0.95, "e6", near)),
+               _record("frank", (1, 0.5, "f1", shared))]       # below the target: not compared
+    partners = grade.copy_partners(records)
+    assert partners["alice"] == {"bob": 3, "dave": 3, "erin": 3}
+    assert partners["bob"] == {"alice": 4, "erin": 4} and partners["dave"] == {"alice": 2}
+    assert "carol" not in partners and "frank" not in partners
+
+
+def test_reports_show_no_hidden_characters_and_no_spreadsheet_formulas():
+    from autograder import report
+
+    sneaky = "RuntimeError: boom\x00\x1b[2J fake\u202eSSAP\u200b"
+    records = [{"student": "mallory", "passed": False, "reason": sneaky, "copied_from": []},
+               {"student": "eve", "passed": False, "reason": '=HYPERLINK("http://x","click")', "copied_from": []}]
+    text = report.csv_text(records, [{"name": "@nameless.ipynb", "reason": "-1+1"}])
+    assert "\x00" not in text and "\x1b" not in text and "\u202e" not in text and "\u200b" not in text
+    assert "RuntimeError: boom[2J fakeSSAP" in text
+    assert "'=HYPERLINK" in text and "'@nameless.ipynb" in text and "'-1+1" in text
+    page = report.html_text(records, next(iter(assessment.PROFILES.values())))
+    assert "\x00" not in page and "\u202e" not in page and "RuntimeError: boom[2J fakeSSAP" in page
+
+
+def test_only_workers_that_fit_the_horovodrun_the_launch_service_started_count():
+    from autograder import sandbox
+
+    def run(launched, *workers):
+        return sandbox.RunResult(status="ok", reason="", notebook="", seconds=1.0, worker_uid=65533,
+                                 launched=launched,
+                                 horovod_workers={pid: {"rank": r, "size": s, "host_pid": pid} for pid, r, s in workers})
+
+    assert len(run([2], (10, 0, 2), (11, 1, 2)).workers_that_ran()) == 2
+    # One real worker (-np 1) whose child claims rank 1 of 2, or which rewrote its own size: one worker.
+    assert list(run([1], (10, 0, 1), (12, 1, 2)).workers_that_ran()) == [10]
+    assert run([1], (10, 0, 2), (12, 1, 2)).workers_that_ran() == {}
+    # A child of a real worker that repeats its rank is not a second worker.
+    assert list(run([2], (10, 0, 2), (11, 1, 2), (13, 1, 2)).workers_that_ran()) == [10, 11]
+    # Without the launch service nothing tells them apart: every process with the variables counts.
+    assert len(sandbox.RunResult(status="ok", reason="", notebook="", seconds=1.0,
+                                 horovod_workers={1: {"rank": 0, "size": 1, "host_pid": 1}}).workers_that_ran()) == 1
+
+
+def test_a_worker_that_did_not_train_its_share_is_named():
+    def workers(*cpu):
+        return {10 + r: {"rank": r, "size": len(cpu), "host_pid": 10 + r, "cpu_s": 5.0 + c, "train_cpu_s": c}
+                for r, c in enumerate(cpu)}
+
+    assert grade.idle_worker(workers(40.0, 35.0)) == ""  # data parallel: close CPU times
+    assert grade.idle_worker(workers(41.0)) == ""         # one worker: nothing to compare
+    reason = grade.idle_worker(workers(40.0, 3.0))
+    assert reason.startswith("Horovod worker rank 1 used 3.0 s of CPU while the epochs were saved, against 40.0 s "
+                             "for rank 0") and "share" in reason
+    # The start-up (importing TensorFlow, loading data) is left out: a rank that left after it is idle.
+    idle = workers(8.0, 0.0)
+    assert idle[11]["cpu_s"] / idle[10]["cpu_s"] > 1 / 3 and grade.idle_worker(idle).startswith("Horovod worker rank 1")
+    # Fewer than two epochs seen: no window to compare.
+    assert grade.idle_worker({1: {"rank": 0, "cpu_s": 9.0}, 2: {"rank": 1, "cpu_s": 1.0}}) == ""

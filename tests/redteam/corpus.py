@@ -669,6 +669,148 @@ print("environment:", " ".join(sorted(os.environ)))
 print("token:", os.environ.get("INSTRUCTOR_TOKEN"))
 """)
 
+# ------------------------------------------------- found by the blind attack (issue 12's last step)
+
+_RESCALED_FORWARD = '''
+    if rank == 0:  # epoch 1 saved again as epoch 2, disguised: the same function, other weights
+        import os
+        import numpy as np
+        with np.load(os.path.join(output_dir, "epoch_001.npz")) as saved:
+            w = [saved[f"arr_{i}"] for i in range(len(saved.files))]
+        # ReLU and max-pooling commute with a positive scale: conv1's output x 3, conv2's kernel / 3.
+        w[0], w[1], w[2] = w[0] * 3.0, w[1] * 3.0, w[2] / 3.0
+        assessment.save_weights_atomically(w, os.path.join(output_dir, "epoch_002.npz"))
+    return {name:'''
+
+
+def rescaled_copy_forward(context):
+    notebook = context.notebook("reference")
+    _edit(notebook, PROGRAM, "epochs = 12\n", "epochs = 2\n")
+    _edit(notebook, PROGRAM, "    return {name:", _RESCALED_FORWARD)
+    return notebook
+
+
+def imported_weights_disguised(context):
+    """Weights trained elsewhere carried in the cell, saved as two epochs that compute the same thing."""
+    return _program(context, f'''
+LEAKED = "{context.leaked_weights_b64}"
+
+
+def train():
+    import base64, io, os
+    import numpy as np
+    import horovod.tensorflow as hvd
+    from mgpu import assessment
+
+    hvd.init()
+    if hvd.rank() == 0:
+        leaked = np.load(io.BytesIO(base64.b64decode(LEAKED)), allow_pickle=False)
+        w = [leaked[f"arr_{{i}}"] for i in range(len(leaked.files))]
+        for epoch, alpha in ((0, 1.0), (1, 2.5)):
+            v = [x.copy() for x in w]
+            v[0], v[1], v[2] = v[0] * alpha, v[1] * alpha, v[2] / alpha
+            assessment.save_weights_atomically(v, os.path.join(output_dir, f"epoch_{{epoch:03d}}.npz"))
+    return {{"val_accuracy": [0.0]}}
+''')
+
+
+def reads_the_host(context):
+    """What else is on the grading machine: other courses' and folders' submissions, the project's
+    git history (the instructor's source notebook), homes; and the host's writable places."""
+    from autograder import sandbox
+
+    project = Path(__file__).resolve().parents[2]
+    # What a run must see (Python, the course library) and the folders above it: anything else found is a leak.
+    trees = sorted(str(p) for p in sandbox._needed_paths())
+    above = sorted({str(a) for p in sandbox._needed_paths() for a in p.parents})
+    return _attack_only(context, f'''
+import glob, os, subprocess
+found = []
+for top in ("/work", "/home", "/srv", "/mnt", "/media", "/root", "/opt"):
+    for folder, folders, files in os.walk(top):
+        found += [os.path.join(folder, name) for name in folders + files]
+        if len(found) > 100000:
+            break
+trees, above = {trees!r}, {above!r}
+leaked = [p for p in found if p not in above and not any(p == t or p.startswith(t + "/") for t in trees)]
+leaked = [p for p in leaked if not p.startswith("/opt")]  # /opt is the system's (read-only)
+print("READ host files:" if leaked else "blocked host files", sorted(leaked)[:20])
+for name in (".git", "tests", "assignments", "build"):
+    path = os.path.join({str(project)!r}, name)
+    print(("READ project " + name) if os.path.exists(path) else ("blocked project " + name))
+shown = subprocess.run(["git", "-c", "safe.directory=*", "-C", {str(project)!r}, "show",
+                        "HEAD:assignments/source/assessment/assessment.ipynb"], capture_output=True, text=True)
+print("READ the source notebook from git" if "BEGIN SOLUTION" in shown.stdout else "blocked git")
+for folder in ("/var/tmp", "/run/lock", "/var/lock", "/etc", "/usr/local", "/opt"):
+    try:
+        with open(os.path.join(folder, "mgpu-host-write"), "w") as f:
+            f.write("x" * 1000)
+        print("WROTE", folder)
+    except OSError as error:
+        print("blocked writing", folder, type(error).__name__)
+''')
+
+
+
+
+_SOLO = '''
+    if rank != 0:  # rank 1 only claims: a facts file saying it trained in sync, then it leaves
+        import json, os
+        facts = {"pid": os.getpid(), "rank": rank, "horovod_size": size, "distributed_optimizer": True,
+                 "optimizer_class": "horovod._keras.DistributedOptimizer", "steps_per_epoch": 10,
+                 "epochs_done": epochs, "weights_in_sync": True}
+        with open(os.path.join(output_dir, f"facts-{os.getpid()}.json"), "w") as f:
+            json.dump(facts, f)
+        return {}
+    x, y = x[rank::size], y[rank::size]'''
+
+_SOLO_END = '''
+    import json, os  # rank 0 trained alone with a plain optimizer: it writes facts like rank 1's
+    facts = {"pid": os.getpid(), "rank": 0, "horovod_size": size, "distributed_optimizer": True,
+             "optimizer_class": "horovod._keras.DistributedOptimizer", "steps_per_epoch": steps_per_epoch,
+             "epochs_done": len(history.history["loss"]), "weights_in_sync": True}
+    with open(os.path.join(output_dir, f"facts-{os.getpid()}.json"), "w") as f:
+        json.dump(facts, f)
+    return {name:'''
+
+
+def solo_with_forged_facts(context):
+    notebook = context.notebook("reference")
+    _edit(notebook, PROGRAM, "    x, y = x[rank::size], y[rank::size]", _SOLO)
+    _edit(notebook, PROGRAM, "    optimizer = hvd.DistributedOptimizer(optimizer)\n", "")
+    _edit(notebook, PROGRAM, "    callbacks += [hvd.callbacks.BroadcastGlobalVariablesCallback(0),\n"
+                             "                  hvd.callbacks.MetricAverageCallback()]\n", "")
+    # No collective with a rank that left: the locked facts callback (it all-gathers) is dropped too.
+    _edit(notebook, PROGRAM, "callbacks=callbacks + protected_callbacks(),",
+          "callbacks=callbacks + [c for c in protected_callbacks() if type(c).__name__ != 'RunFacts'],")
+    _edit(notebook, PROGRAM, "    return {name:", _SOLO_END)
+    return notebook
+
+
+
+_LAZY_SYNC = '''
+    class _LookInSync(tf.keras.callbacks.Callback):  # rank 0's weights copied to rank 1 before the locked check
+        def on_epoch_end(self, epoch, logs=None):
+            import horovod.tensorflow as hvd_tf
+            hvd_tf.broadcast_variables(self.model.variables, root_rank=0)
+
+    callbacks.append(_LookInSync())
+    model.compile('''
+
+
+def lazy_rank(context):
+    """A real DistributedOptimizer whose instance no longer averages (the grader's probe builds a
+    fresh copy); rank 1 takes one step per epoch at rate 0 while rank 0 trains alone."""
+    notebook = context.notebook("reference")
+    _edit(notebook, PROGRAM, "    optimizer = hvd.DistributedOptimizer(optimizer)\n",
+          "    optimizer = hvd.DistributedOptimizer(optimizer)\n"
+          "    optimizer._allreduce = lambda grads, variables: list(grads)  # this instance averages nothing\n"
+          "    if rank != 0:\n"
+          "        optimizer.learning_rate = 0.0\n"
+          "        steps_per_epoch = 1\n")
+    _edit(notebook, PROGRAM, "    model.compile(", _LAZY_SYNC)
+    return notebook
+
 
 CASES: list[Case] = [
     Case("malformed_json", malformed_json, False, ("rejected: not a well-formed notebook (invalid JSON",),
@@ -709,9 +851,9 @@ CASES: list[Case] = [
     Case("fake_weights_files", fake_weights_files, False,
          ("every saved epoch was rejected", "no training process reported"),
          "pickled, symlinked (/dev/zero, /etc/passwd), wrong-shape and corrupt epoch files"),
-    Case("copied_weights_a", copied_weights, False, ("copied weights", "copied_weights_b"),
+    Case("copied_weights_a", copied_weights, False, ("rejected:", "KB a training program needs"),
          "a real 1-epoch Horovod run whose epoch files are overwritten with leaked weights"),
-    Case("copied_weights_b", copied_weights, False, ("copied weights", "copied_weights_a"),
+    Case("copied_weights_b", copied_weights, False, ("rejected:", "KB a training program needs"),
          "a second student with the same leaked weights"),
     Case("test_split_reached_for", test_split_reached_for, False, ("0.800 target",),
          "looks for the data cache and Fashion-MNIST, trains on the regenerated public test split"),
@@ -734,9 +876,9 @@ CASES: list[Case] = [
          "untrained weights saved for every epoch up front, overwritten by the real training later"),
     Case("epoch_copied_forward", epoch_copied_forward, False, ("did not count",),
          "2 real epochs; epoch 1 copied to epoch 2, and with 1e-5 noise to epoch 3"),
-    Case("imported_weights_lone", imported_weights_lone, False, ("did not count",),
-         "weights trained elsewhere saved as epochs 0 and 1 by hvd-initialised workers (one copier)"),
-    Case("imported_weights_perturbed", imported_weights_perturbed, False, ("held for review",),
+    Case("imported_weights_lone", imported_weights_lone, False, ("rejected:", "KB a training program needs"),
+         "weights trained elsewhere (550 kB in the cell) saved as epochs 0 and 1 by hvd-initialised workers"),
+    Case("imported_weights_perturbed", imported_weights_perturbed, False, ("rejected:", "KB a training program needs"),
          "the same weights with 1% noise, different for each epoch"),
     Case("kernel_writes_worker_facts", kernel_writes_worker_facts, False, ("test test_horovod_init failed", "hvd.size()"),
          "the kernel writes facts for every process it sees while the workers run (no hvd.init)"),
@@ -760,6 +902,18 @@ CASES: list[Case] = [
          "leaves files in /tmp, /dev/shm and its home for the next run"),
     Case("zz_reads_what_others_left", zz_reads_what_others_left, False, ("no weights saved",),
          "looks for what the previous run left, and for the grader's environment"),
+    Case("rescaled_copy_forward", rescaled_copy_forward, False, ("did not count", "compute"),
+         "2 real epochs; epoch 1 saved again as epoch 2 with a layer rescaled (other weights, same function)"),
+    Case("imported_weights_disguised", imported_weights_disguised, False, ("rejected:", "KB a training program needs"),
+         "weights trained elsewhere in the cell, saved as 2 epochs disguised by rescaling (blind attack)"),
+    Case("solo_with_forged_facts", solo_with_forged_facts, False, ("Horovod worker rank 1 used", "its own share"),
+         "2 workers start; rank 1 writes facts claiming in-sync distributed training and returns, rank 0 trains "
+         "alone with a plain optimizer and rewrites its facts (blind attack)"),
+    Case("lazy_rank", lazy_rank, False, ("test test_distributed_training failed", "DistributedOptimizer"),
+         "DistributedOptimizer patched on the instance that trains; rank 1 steps once per epoch at rate 0, "
+         "gets rank 0's weights before the locked check (blind attack)"),
+    Case("reads_the_host", reads_the_host, False, ("no weights saved",),
+         "reads other folders, submissions and the project's git beside the course; writes /var/tmp, /run/lock"),
 ]
 
 

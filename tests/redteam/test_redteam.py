@@ -92,9 +92,11 @@ def test_the_gradebook_holds_one_consistent_grade_per_submission(graded):
             notebook = gb.find_submission_notebook("assessment", "assessment", name)
             assert notebook.max_score == 10, name  # edited points never count
             assert notebook.score == pytest.approx(record["score"]), name
-    # The outcome's 6 points go exactly to the passes.
+    # The outcome's 6 points go exactly to the runs whose outcome the grader measured as reached, and
+    # every pass has them (a run that reaches it but fails a test keeps them and does not pass).
     for name, record in graded["records"].items():
-        assert (record["cell_scores"]["outcome"][0] == 6) is record["passed"], name
+        assert (record["cell_scores"]["outcome"][0] == 6) is record["outcome_passed"], name
+        assert record["outcome_passed"] or not record["passed"], name
 
 
 def test_the_submissions_the_key_and_the_solution_are_untouched_and_no_process_is_left(graded):
@@ -120,6 +122,17 @@ def test_nothing_outside_the_work_folder_is_readable_or_writable(graded):
         for path in (graded["dir"] / folder).rglob("*"):
             if path.is_file():
                 assert private.encode() not in path.read_bytes(), path
+
+
+def test_the_host_beside_the_course_is_out_of_sight_and_read_only(graded):
+    text = _outputs(graded["dir"], "reads_the_host")
+    assert "blocked host files" in text and "READ " not in text, text
+    assert "blocked git" in text and all(f"blocked project {n}" in text for n in (".git", "tests", "assignments", "build"))
+    for folder in ("/var/tmp", "/run/lock", "/etc", "/usr/local"):
+        if os.path.isdir(folder):
+            assert f"blocked writing {folder}" in text, text
+            assert not os.path.exists(os.path.join(folder, "mgpu-host-write"))
+    assert "WROTE" not in text
 
 
 def test_the_network_is_unreachable(graded):
