@@ -137,7 +137,10 @@ class Measurer:
 
 
 def _relative(now: np.ndarray, before: np.ndarray) -> float:
-    return float(np.linalg.norm(now - before) / (np.linalg.norm(before) + 1e-12))
+    """How much ``now`` differs from ``before``, relative to it; 0 when it cannot be told (a NaN or an
+    infinity in either), so such an epoch never counts as one that moved."""
+    change = float(np.linalg.norm(now - before) / (np.linalg.norm(before) + 1e-12))
+    return change if np.isfinite(change) else 0.0
 
 
 def encode_predictions(classes: np.ndarray) -> str:

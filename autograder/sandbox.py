@@ -76,8 +76,10 @@ PIDS_MAX = max(2048, 64 * (os.cpu_count() or 1))
 CGROUP_MEMORY_FACTOR = 1.25
 CGROUP_V1 = Path("/sys/fs/cgroup")
 #: pids: the task cap; memory: the hard memory cap; cpu: a group of its own, so however many
-#: processes a run starts they share one CPU weight and the grader's watchdog keeps its share.
-CONTROLLERS = ("pids", "memory", "cpu")
+#: processes a run starts they share one CPU weight and the grader's watchdog keeps its share;
+#: cpuacct: the CPU time of every task the run ever had, exited ones included (who trained: see
+#: :func:`autograder.grade.trained_elsewhere`). Where cpu and cpuacct are mounted together, one folder.
+CONTROLLERS = ("pids", "memory", "cpu", "cpuacct")
 CGROUP_PREFIX = "mgpu-grade-"
 
 #: The unprivileged user the student's code runs as inside the namespaces (``MGPU_GRADE_UID``
@@ -383,6 +385,10 @@ class RunCgroups:
                     self.note = f"no writable cgroup v1 {controller} controller: no kernel cap on tasks/memory"
                 continue
             folder = parent / f"{CGROUP_PREFIX}{os.getpid()}-{name}"  # the grader's pid: see cleanup
+            same = [f for f in self.folders.values() if f.resolve() == folder.resolve()]
+            if same:  # controllers mounted together (cpu,cpuacct): the folder made already
+                self.folders[controller] = same[0]
+                continue
             try:
                 folder.mkdir()
                 if controller == "pids":
@@ -403,7 +409,7 @@ class RunCgroups:
             self.folders[controller] = folder
 
     def join_files(self) -> list[str]:
-        return [str(f / "cgroup.procs") for f in self.folders.values()]
+        return [str(f / "cgroup.procs") for f in dict.fromkeys(self.folders.values())]
 
     def _read(self, controller: str, name: str) -> str:
         try:
@@ -424,6 +430,11 @@ class RunCgroups:
         text = self._read("memory", "memory.max_usage_in_bytes").strip()
         return int(text) / 2**20 if text.isdigit() else 0.0
 
+    def cpu_s(self) -> float | None:
+        """CPU seconds used by every task the run had so far (exited ones too), None without cpuacct."""
+        text = self._read("cpuacct", "cpuacct.usage").strip()
+        return int(text) / 1e9 if text.isdigit() else None
+
     def tasks_peak(self) -> int:
         text = self._read("pids", "pids.peak").strip()
         return int(text) if text.isdigit() else 0
@@ -443,7 +454,7 @@ class RunCgroups:
         return False
 
     def remove(self) -> int:
-        return sum(_empty_and_remove(folder) for folder in self.folders.values())
+        return sum(_empty_and_remove(folder) for folder in dict.fromkeys(self.folders.values()))
 
 
 def cleanup_stale_runs() -> int:
@@ -491,6 +502,9 @@ class RunResult:
     worker_uid: int | None = None  # the workers' user, when the launch service started them
     #: ``-np`` of every horovodrun the launch service started (empty without the service)
     launched: list[int] = field(default_factory=list)
+    #: CPU seconds of every task of the run (cpuacct), at the first and latest epoch file and at the
+    #: end ("first_epoch", "last_epoch", "end"; None without the cgroup)
+    run_cpu_s: dict[str, float | None] = field(default_factory=dict)
 
     def workers_that_ran(self) -> dict[int, dict]:
         """The Horovod workers that count: with the launch service, only those whose rank and size
@@ -583,6 +597,7 @@ def _note_training_cpu(workers: dict[int, dict]) -> None:
             pass  # it has ended: what it used when last seen alive
         now = worker.get("cpu_s", 0.0)
         worker.setdefault("cpu_at_first_epoch", now)
+        worker["cpu_at_last_epoch"] = now
         worker["train_cpu_s"] = now - worker["cpu_at_first_epoch"]
 
 
@@ -917,6 +932,7 @@ def run_notebook(folder: RunFolder, name: str, parameters: dict, *, keep: Path, 
     # Reading a process's environment waits for its memory map, which a fork bomb keeps busy:
     # the workers are found in a thread of their own, so the limits above never wait for it.
     launched: list[int] = []
+    run_cpu: dict[str, float | None] = {}  # the run's CPU seconds (cpuacct) at the first and latest epoch
     spotter = threading.Thread(target=_spot_workers, args=(root, popen, workers, worker_uid, launched), daemon=True)
     spotter.start()
     try:
@@ -934,6 +950,8 @@ def run_notebook(folder: RunFolder, name: str, parameters: dict, *, keep: Path, 
             keeper.poll(now)
             if set(keeper.seen) != before:
                 _note_training_cpu(workers)
+                run_cpu.setdefault("first_epoch", cgroups.cpu_s())
+                run_cpu["last_epoch"] = cgroups.cpu_s()
             memory = cgroups.resident_mb()
             if memory is None:  # no memory cgroup: sum per process (shared pages count more than once)
                 memory = _rss_mb(_tree(root))
@@ -947,6 +965,7 @@ def run_notebook(folder: RunFolder, name: str, parameters: dict, *, keep: Path, 
         end = time.monotonic() - started
         tasks_peak, fork_limited, oom = cgroups.tasks_peak(), cgroups.hit_pids_limit(), cgroups.oom_killed()
         memory_peak_mb = cgroups.peak_mb()
+        run_cpu["end"] = cgroups.cpu_s()
         keeper.poll(end)  # appeared between the last poll and the end
         kill_run(popen, marker, cgroups)
         reader.join(timeout=30)
@@ -984,4 +1003,4 @@ def run_notebook(folder: RunFolder, name: str, parameters: dict, *, keep: Path, 
                      epoch_seen_s=dict(sorted(keeper.seen.items())), epoch_files=dict(sorted(keeper.files.items())),
                      epoch_rejected=keeper.rejected, rewritten=rewritten, peak_memory_mb=peak, isolation=note,
                      horovod_workers=dict(sorted(workers.items())), tasks_peak=tasks_peak, worker_uid=worker_uid,
-                     launched=list(launched))
+                     launched=list(launched), run_cpu_s=dict(run_cpu))

@@ -267,6 +267,10 @@ def load_epoch_weights(path: str | os.PathLike, model) -> None:
                                   f"is {want.shape}: the architecture must be reference_model()")
         if got.dtype.kind not in "fiu":
             raise WeightsRejected(f"{path.name}: weight {i} has dtype {got.dtype}, not a number type")
+        if got.dtype.kind == "f" and not np.all(np.isfinite(got)):
+            # A NaN compares unequal to itself: the grader could not tell whether the epoch moved.
+            raise WeightsRejected(f"{path.name}: weight {i} holds NaN or infinite values (training diverged: "
+                                  "lower the learning rate or add warm-up)")
     model.set_weights([a.astype(w.dtype) for a, w in zip(arrays, expected)])
 
 

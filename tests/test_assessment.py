@@ -194,3 +194,12 @@ def test_an_optimizer_altered_on_its_instance_is_named():
     inner = hvd.DistributedOptimizer(tf.keras.optimizers.Adam(0.1))
     inner._allreduce_grads = lambda grads, variables: grads
     assert assessment.replaced_methods(inner) == ["_allreduce_grads"]
+
+
+def test_weights_holding_nan_or_infinity_are_rejected_with_the_reason(tmp_path):
+    weights = assessment.reference_model().get_weights()
+    for bad in (np.nan, np.inf):
+        broken = [w.copy() for w in weights]
+        broken[0].flat[3] = bad
+        np.savez(tmp_path / "diverged.npz", *broken)
+        _reject(tmp_path / "diverged.npz", "weight 0 holds NaN or infinite values")

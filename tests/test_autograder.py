@@ -686,3 +686,44 @@ def test_a_worker_that_did_not_train_its_share_is_named():
     assert idle[11]["cpu_s"] / idle[10]["cpu_s"] > 1 / 3 and grade.idle_worker(idle).startswith("Horovod worker rank 1")
     # Fewer than two epochs seen: no window to compare.
     assert grade.idle_worker({1: {"rank": 0, "cpu_s": 9.0}, 2: {"rank": 1, "cpu_s": 1.0}}) == ""
+
+
+def test_training_outside_the_counted_workers_is_named():
+    from autograder import sandbox
+
+    def run(kernel_before, kernel_during, workers_training=16.0, launched=(2,)):
+        workers = {10 + r: {"rank": r, "size": 2, "host_pid": 10 + r, "cpu_at_first_epoch": 8.0,
+                            "cpu_at_last_epoch": 8.0 + workers_training / 2, "train_cpu_s": workers_training / 2}
+                   for r in range(2)}
+        first = 16.0 + kernel_before
+        return sandbox.RunResult(status="ok", reason="", notebook="", seconds=1.0, worker_uid=65533,
+                                 launched=list(launched), horovod_workers=workers, epoch_seen_s={0: 20.0, 1: 30.0},
+                                 run_cpu_s={"first_epoch": first, "last_epoch": first + workers_training + kernel_during})
+
+    honest = run(kernel_before=6.0, kernel_during=0.05)  # the reference: the kernel's start-up, then it waits
+    assert grade.cpu_split(honest) == {"workers_before": 16.0, "others_before": 6.0, "workers_training": 16.0,
+                                       "others_training": 0.05}
+    assert grade.not_data_parallel(honest) == ""
+    trained_first = grade.not_data_parallel(run(kernel_before=40.0, kernel_during=0.0, workers_training=4.0))
+    assert trained_first.startswith("trained outside the Horovod workers: processes other than the 2 workers "
+                                    "used 40.0 s of CPU (0.0 s while the epochs were saved), against 20.0 s")
+    # Training beside the workers while they save: caught by the share while saving, however much they burn.
+    assert "trained outside" in grade.not_data_parallel(run(kernel_before=6.0, kernel_during=10.0,
+                                                            workers_training=30.0))
+    assert grade.not_data_parallel(run(6.0, 0.05, launched=(1, 2))).startswith(
+        "the run started 2 Horovod launches (-np 1, 2)")
+    # One epoch saved: no training to weigh (the outcome fails on its own).
+    single = run(40.0, 0.0)
+    single.epoch_seen_s = {0: 20.0}
+    assert grade.not_data_parallel(single) == ""
+    # Without a cpuacct cgroup nothing is measured, so nothing is said.
+    unmeasured = run(40.0, 0.0)
+    unmeasured.run_cpu_s = {"first_epoch": None, "last_epoch": None}
+    assert grade.cpu_split(unmeasured) == {} and grade.not_data_parallel(unmeasured) == ""
+
+
+def test_an_epoch_whose_change_cannot_be_told_never_counts_as_moved():
+    same = np.array([1.0, np.nan, 2.0])
+    assert measure._relative(same, same.copy()) == 0.0
+    assert measure._relative(np.array([1.0, np.inf]), np.array([1.0, 2.0])) == 0.0
+    assert measure._relative(np.array([1.0, 2.2]), np.array([1.0, 2.0])) > 0.05

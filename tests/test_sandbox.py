@@ -249,3 +249,48 @@ def test_horovod_workers_are_started_by_the_launch_service_as_their_own_user(tmp
     assert result.worker_uid == int(sandbox.WORKER_UID)
     assert sorted(w["rank"] for w in result.horovod_workers.values()) == [0, 1]  # the fake is not one
     assert result.launched == [2] and sorted(w["rank"] for w in result.workers_that_ran().values()) == [0, 1]
+
+
+CPU_JOB = """
+import os, time
+from mgpu import launch
+
+def burn(seconds):
+    start = time.process_time()
+    while time.process_time() - start < seconds:
+        pass
+
+def work(output_dir):
+    import horovod.tensorflow as hvd
+    hvd.init()
+    for epoch in (0, 1):
+        if hvd.rank() == 0:
+            open(os.path.join(output_dir, f"epoch_{epoch:03d}.npz"), "wb").write(b"weights")
+        if epoch == 0:
+            burn(1.5)  # each worker, between the two epoch files
+    return 0
+
+burn(3.0)  # the kernel, before the launch
+launch.run(work, 2, args=(output_dir,))
+"""
+
+
+def test_the_runs_cpu_is_split_between_the_workers_and_everything_else(tmp_path):
+    """Measured from outside: the kernel's CPU before the first epoch is the others', the workers'
+    CPU between the epoch files is theirs (the run's cpuacct cgroup and each worker's own time)."""
+    from autograder import grade
+
+    available, why = sandbox.isolation_available()
+    if not available or sandbox.RUN_UID == "-":
+        pytest.skip(why or "runs as root")
+    (tmp_path / "secret").mkdir()
+    result = _run(_notebook(tmp_path, CPU_JOB), timeout_s=300)
+    assert result.status == "ok", result.reason
+    split = grade.cpu_split(result)
+    if not split:
+        pytest.skip("no cpuacct cgroup here")
+    assert split["others_before"] >= 2.5, split          # the kernel's 3 s
+    assert 2.5 <= split["workers_training"] <= 4.5, split  # two workers' 1.5 s each
+    assert split["others_training"] < 0.5, split          # the kernel waited
+    # Here the kernel's 3 s outweigh what the workers did (importing Horovod, 3 s of work): named.
+    assert "trained outside the Horovod workers" in grade.not_data_parallel(result), split

@@ -800,6 +800,55 @@ def lazy_rank(context):
     return notebook
 
 
+# ------------------------------------------------- trained outside the counted workers (blind attack)
+
+_PRETRAIN = '''
+def _pretrain():  # trains alone, like the single-GPU program, and keeps every epoch's weights
+    import tensorflow as tf
+    from mgpu import assessment
+
+    x, y, x_val, y_val, info = assessment.load_data(data_dir)
+    model = assessment.reference_model(info["image_shape"], info["num_classes"], seed=3)
+    model.compile(optimizer=tf.keras.optimizers.SGD(0.04, momentum=0.9),
+                  loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    kept = []
+    for _ in range(12):
+        model.fit(x, y, batch_size=128, epochs=1, verbose=0)
+        kept.append(model.get_weights())
+    return kept
+
+
+TRAINED = {where}
+'''
+
+_REPLAY = '''
+    class _Replay(tf.keras.callbacks.Callback):  # a few real averaged steps, then the weights trained elsewhere
+        def on_epoch_end(self, epoch, logs=None):
+            self.model.set_weights(TRAINED[min(epoch, len(TRAINED) - 1)])
+
+    callbacks.append(_Replay())
+    steps_per_epoch = 3
+    model.compile('''
+
+
+def _trained_elsewhere(context, where: str):
+    """The reference workers (init, shards, DistributedOptimizer, broadcast) take 3 steps per epoch
+    and then save weights a process outside them trained (``where`` runs ``_pretrain``); the epochs
+    move and look like training, the tests pass."""
+    notebook = context.notebook("reference")
+    _edit(notebook, PROGRAM, "    model.compile(", _REPLAY)
+    _prepend(notebook, _PRETRAIN.format(where=where))
+    return notebook
+
+
+def kernel_trains(context):
+    return _trained_elsewhere(context, "_pretrain()")
+
+
+def one_worker_launch_trains(context):
+    return _trained_elsewhere(context, "launch.run(_pretrain, 1, verbose=False).value")
+
+
 CASES: list[Case] = [
     Case("malformed_json", malformed_json, False, ("rejected: not a well-formed notebook (invalid JSON",),
          "truncated JSON"),
@@ -900,6 +949,10 @@ CASES: list[Case] = [
     Case("lazy_rank", lazy_rank, False, ("test test_distributed_training failed", "DistributedOptimizer"),
          "DistributedOptimizer patched on the instance that trains; rank 1 steps once per epoch at rate 0, "
          "gets rank 0's weights before the locked check (blind attack)"),
+    Case("kernel_trains", kernel_trains, False, ("trained outside the Horovod workers",),
+         "the kernel trains alone; the workers take 3 averaged steps per epoch, then load its weights (blind attack)"),
+    Case("one_worker_launch_trains", one_worker_launch_trains, False, ("2 Horovod launches (-np 1, 2)",),
+         "a 1-worker launch trains alone; the 2-worker launch replays its epochs (blind attack)"),
     Case("reads_the_host", reads_the_host, False, ("no weights saved",),
          "reads other folders, submissions and the project's git beside the course; writes /var/tmp, /run/lock"),
 ]
