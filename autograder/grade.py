@@ -611,7 +611,7 @@ def not_data_parallel(run: sandbox.RunResult) -> str:
     others = split["others_before"] + split["others_training"]
     if others > MAX_OTHERS_CPU_SHARE * workers or \
             split["others_training"] > MAX_OTHERS_TRAINING_SHARE * split["workers_training"]:
-        return (f"trained outside the Horovod workers: processes other than the {len(run.workers_that_ran())} "
+        return (f"the Horovod workers did not do the run's training: processes other than the {len(run.workers_that_ran())} "
                 f"workers used {others:.1f} s of CPU ({split['others_training']:.1f} s while the epochs were "
                 f"saved), against {workers:.1f} s ({split['workers_training']:.1f} s) for the workers; the "
                 f"kernel only launches train(), which must do the training (at most {MAX_OTHERS_CPU_SHARE:.2f} "

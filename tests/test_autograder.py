@@ -705,10 +705,10 @@ def test_training_outside_the_counted_workers_is_named():
                                        "others_training": 0.05}
     assert grade.not_data_parallel(honest) == ""
     trained_first = grade.not_data_parallel(run(kernel_before=40.0, kernel_during=0.0, workers_training=4.0))
-    assert trained_first.startswith("trained outside the Horovod workers: processes other than the 2 workers "
+    assert trained_first.startswith("the Horovod workers did not do the run's training: processes other than the 2 workers "
                                     "used 40.0 s of CPU (0.0 s while the epochs were saved), against 20.0 s")
     # Training beside the workers while they save: caught by the share while saving, however much they burn.
-    assert "trained outside" in grade.not_data_parallel(run(kernel_before=6.0, kernel_during=10.0,
+    assert "did not do the run's training" in grade.not_data_parallel(run(kernel_before=6.0, kernel_during=10.0,
                                                             workers_training=30.0))
     assert grade.not_data_parallel(run(6.0, 0.05, launched=(1, 2))).startswith(
         "the run started 2 Horovod launches (-np 1, 2)")

@@ -293,4 +293,4 @@ def test_the_runs_cpu_is_split_between_the_workers_and_everything_else(tmp_path)
     assert 2.5 <= split["workers_training"] <= 4.5, split  # two workers' 1.5 s each
     assert split["others_training"] < 0.5, split          # the kernel waited
     # Here the kernel's 3 s outweigh what the workers did (importing Horovod, 3 s of work): named.
-    assert "trained outside the Horovod workers" in grade.not_data_parallel(result), split
+    assert "the Horovod workers did not do the run's training" in grade.not_data_parallel(result), split

@@ -949,7 +949,7 @@ CASES: list[Case] = [
     Case("lazy_rank", lazy_rank, False, ("test test_distributed_training failed", "DistributedOptimizer"),
          "DistributedOptimizer patched on the instance that trains; rank 1 steps once per epoch at rate 0, "
          "gets rank 0's weights before the locked check (blind attack)"),
-    Case("kernel_trains", kernel_trains, False, ("trained outside the Horovod workers",),
+    Case("kernel_trains", kernel_trains, False, ("the Horovod workers did not do the run's training",),
          "the kernel trains alone; the workers take 3 averaged steps per epoch, then load its weights (blind attack)"),
     Case("one_worker_launch_trains", one_worker_launch_trains, False, ("2 Horovod launches (-np 1, 2)",),
          "a 1-worker launch trains alone; the 2-worker launch replays its epochs (blind attack)"),
