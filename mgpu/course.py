@@ -99,16 +99,25 @@ def check(notebooks: list[Path], seeds: list[int], *, smoke: bool) -> int:
     return 1 if failed else 0
 
 
+def by_number(name: str) -> Path:
+    """A notebook named by its number ("03", "3") or by its path."""
+    if name.isdigit():
+        found = [p for p in course_notebooks() if p.name.startswith(f"{int(name):02d}_")]
+        if found:
+            return found[0]
+    return Path(name).resolve()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m mgpu.course", description=__doc__.splitlines()[0])
-    parser.add_argument("notebooks", nargs="*", type=Path, help="default: every notebook in notebooks/")
+    parser.add_argument("notebooks", nargs="*", help="paths, or numbers such as 03 (default: every notebook)")
     parser.add_argument("--smoke", action="store_true", help="the few-minutes setting (CI)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--check", action="store_true",
                         help="run every notebook for each of --seeds, carry on past failures, print a table")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1], help="with --check (default: 0 1)")
     args = parser.parse_intermixed_args(argv)  # notebooks may come before or after the options
-    notebooks = [p.resolve() for p in args.notebooks] or course_notebooks()
+    notebooks = [by_number(name) for name in args.notebooks] or course_notebooks()
     missing = [str(p) for p in notebooks if not p.is_file()]
     if missing:
         print(f"error: no such notebook: {', '.join(missing)}", file=sys.stderr)

@@ -36,3 +36,9 @@ def test_check_runs_each_seed_in_its_own_folder_and_tables_every_failure(tmp_pat
         assert f"seed {seed} {executed.parents[1]}" in executed.read_text()
     assert "2 failed" in capsys.readouterr().out
     assert course.check(notebooks[:1], [0, 1], smoke=True) == 0
+
+
+def test_notebooks_are_named_by_number_or_path(tmp_path, capsys):
+    assert course.by_number("03").name.startswith("03_") and course.by_number("3") == course.by_number("03")
+    assert course.by_number("notebooks/03_input_pipeline.ipynb") == course.by_number("03")
+    assert course.main(["99", "--smoke"]) == 2 and "no such notebook" in capsys.readouterr().err
