@@ -79,9 +79,11 @@ class Settings:
     val_images: int = 2000
     filters: tuple = (16, 32)
     dense: int = 64
-    seed: int = 0
+    seed: int = 0                   # picks the data variant (and, unless init_seed is set, the rest)
     dataset: str = "auto"
     record_steps: int = 100         # steps whose learning rate and loss are kept for the warm-up plot
+    cosine_decay: bool = False      # after any warm-up, the rate falls to zero along a half cosine
+    init_seed: int | None = None    # the initial weights and shuffles (default: seed)
 
 
 @dataclass
@@ -138,20 +140,22 @@ def train_recipes(recipes, settings: Settings, log_dir: str, log_prefix: str = "
     steps_per_epoch = settings.train_images // (settings.batch * size)
     chance = 1.0 / dataset.num_classes
 
+    init_seed = settings.seed if settings.init_seed is None else settings.init_seed
+
     runs = []
     for recipe in recipes:
         tf.keras.backend.clear_session()
         # The same initial weights and shuffles for every recipe, so only the recipe differs.
-        tf.keras.utils.set_random_seed(settings.seed + 1000 * rank)
+        tf.keras.utils.set_random_seed(init_seed + 1000 * rank)
         model = models.small_cnn(dataset.x_train.shape[1:], dataset.num_classes, filters=settings.filters,
-                                 dense=settings.dense, seed=settings.seed)
+                                 dense=settings.dense, seed=init_seed)
         lr = recipe.learning_rate(size)
         optimizer = hvd.DistributedOptimizer(_optimizer(recipe, lr))
         model.compile(optimizer=optimizer,
                       loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                       metrics=["accuracy"])
         train = (tf.data.Dataset.from_tensor_slices((x, y))
-                 .shuffle(len(x), seed=settings.seed + rank).repeat().batch(settings.batch)
+                 .shuffle(len(x), seed=init_seed + rank).repeat().batch(settings.batch)
                  .prefetch(tf.data.AUTOTUNE))
         log_path = Path(log_dir) / f"{log_prefix}{recipe.name}.csv"
         stop = _StopWhenDiverged(chance)
@@ -167,6 +171,13 @@ def train_recipes(recipes, settings: Settings, log_dir: str, log_prefix: str = "
             fit_callbacks.append(hvd.callbacks.LearningRateWarmupCallback(
                 initial_lr=lr, warmup_epochs=recipe.warmup_epochs, momentum_correction=False,
                 steps_per_epoch=steps_per_epoch, verbose=0))
+        if settings.cosine_decay and settings.epochs > recipe.warmup_epochs:
+            # Then down to zero along a half cosine (Loshchilov & Hutter 2017), batch by batch, so
+            # every recipe ends where its run settled rather than where its last large step landed.
+            fit_callbacks.append(hvd.callbacks.LearningRateScheduleCallback(
+                initial_lr=lr, multiplier=_cosine(recipe.warmup_epochs, settings.epochs),
+                start_epoch=recipe.warmup_epochs, end_epoch=settings.epochs, staircase=False,
+                momentum_correction=False, steps_per_epoch=steps_per_epoch))
         fit_callbacks += [rates, steps, stop, callbacks.WallClockCSVLogger(log_path, enabled=rank == 0)]
         started = time.perf_counter()
         history = model.fit(train, epochs=settings.epochs, steps_per_epoch=steps_per_epoch,
@@ -182,6 +193,33 @@ def train_recipes(recipes, settings: Settings, log_dir: str, log_prefix: str = "
         for run in runs:
             run.wall_times = [row["wall_time"] for row in read_log(run.log_path)]
     return runs
+
+
+def _cosine(start: float, end: float):
+    """The multiplier of the rate at (fractional) epoch e: 1 at ``start``, 0 at ``end``."""
+    return lambda epoch: 0.5 * (1.0 + math.cos(math.pi * min(1.0, (epoch - start) / (end - start))))
+
+
+def divergence_sweep(recipe: Recipe, settings: Settings, seeds, log_dir: str, epochs: int = 1) -> list[dict]:
+    """Train ``recipe`` for ``epochs`` from each seed's initial weights and shuffles (same data).
+
+    Runs inside every Horovod worker; rank 0 prints one line per seed as it ends and returns
+    ``[{"seed", "diverged", "val_accuracy"}]``. Whether a rate is too high for the untrained
+    network is a matter of the draw: one run says little, a sweep gives the rate of divergence.
+    """
+    import dataclasses
+
+    import horovod.tensorflow.keras as hvd
+
+    outcomes = []
+    for seed in seeds:
+        swept = dataclasses.replace(settings, epochs=epochs, init_seed=int(seed), cosine_decay=False)
+        run = train_recipes([recipe], swept, log_dir, log_prefix=f"seed{seed}-", verbose=False)[0]
+        outcomes.append({"seed": int(seed), "diverged": run.diverged, "val_accuracy": run.final_val_accuracy})
+        if hvd.rank() == 0:
+            print(f"  seed {seed:>3}: {'diverged' if run.diverged else 'trained'} "
+                  f"(val acc {run.final_val_accuracy:.3f} after {len(run.val_accuracy)} epoch(s))", flush=True)
+    return outcomes
 
 
 class _StopWhenDiverged(tf.keras.callbacks.Callback):

@@ -5,6 +5,7 @@ accuracy on 2 and 4 workers with linear scaling and warm-up, and the recipes' wa
 stop and reports behave as the notebook says.
 """
 
+import dataclasses
 import json
 import math
 import subprocess
@@ -69,7 +70,7 @@ _TINY = Settings(epochs=3, batch=16, train_images=1024, val_images=200, filters=
 def test_recipes_on_two_workers_warm_up_stop_divergence_and_log_on_rank0(tmp_path):
     runs = launch.run(recipes.train_recipes, 2, args=(
         [Recipe("warm", 2, 0.05, "linear", warmup_epochs=2), Recipe("huge", 2, 500.0, "linear")],
-        _TINY, str(tmp_path)), verbose=False).value
+        dataclasses.replace(_TINY, cosine_decay=False), str(tmp_path)), verbose=False).value
     warm, huge = runs
     # Warm-up: the rate starts near lr (the single-worker rate) and ends at lr * size.
     assert warm.first_steps["lr"][0] == pytest.approx(0.05, rel=0.1)
@@ -82,6 +83,31 @@ def test_recipes_on_two_workers_warm_up_stop_divergence_and_log_on_rank0(tmp_pat
     assert sorted(p.name for p in tmp_path.iterdir()) == ["huge.csv", "warm.csv"]
     assert len(recipes.read_log(tmp_path / "warm.csv")) == 3
     assert warm.wall_times == sorted(warm.wall_times) and len(warm.wall_times) == 3
+
+
+def _decay_and_sweep(log_dir):
+    cosine = recipes.train_recipes([Recipe("cosine", 2, 0.05, "linear", warmup_epochs=1)],
+                                   dataclasses.replace(_TINY, cosine_decay=True), log_dir, verbose=False)[0]
+    sweep = recipes.divergence_sweep(Recipe("huge", 2, 500.0, "linear"), _TINY, [3, 4], log_dir)
+    calm = recipes.divergence_sweep(Recipe("calm", 2, 0.02, "linear"), _TINY, [3], log_dir)
+    return cosine, sweep, calm
+
+
+@pytest.mark.slow
+def test_cosine_decay_after_warm_up_and_a_divergence_sweep_over_seeds(tmp_path, capfd):
+    cosine, sweep, calm = launch.run(_decay_and_sweep, 2, args=(str(tmp_path),), verbose="rank0").value
+    # Warm-up to lr * size over epoch 1, then half a cosine: at the end of epoch 2 (half-way through
+    # the decay) the rate is half of it, and it ends near zero.
+    assert cosine.learning_rates[0] == pytest.approx(0.1, rel=0.05)
+    assert cosine.learning_rates[1] == pytest.approx(0.05, rel=0.1)
+    assert cosine.learning_rates[2] < 0.002
+    # The sweep trains one epoch per seed, says which diverged, one line per seed as it ends.
+    assert [o["seed"] for o in sweep] == [3, 4] and all(o["diverged"] for o in sweep)
+    assert not calm[0]["diverged"] and calm[0]["val_accuracy"] > 0
+    out = capfd.readouterr().out
+    assert "seed   3: diverged" in out and "seed   4: diverged" in out and "seed   3: trained" in out
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cosine.csv", "seed3-calm.csv", "seed3-huge.csv",
+                                                          "seed4-huge.csv"]
 
 
 @pytest.mark.slow
