@@ -14,6 +14,12 @@ before it:
 7. ``batched_augment``: random crops and flips applied to whole batches (one vectorised op).
 8. ``uint8_transfer``: batches stay ``uint8``; the model normalises on the device (4x fewer bytes).
 9. ``mixed_precision``: float16 compute on a GPU (skipped on a CPU, which has no fast float16).
+
+``host_threads`` (every function that builds a pipeline takes it) gives the ``tf.data`` stages a
+private pool of that many threads (:func:`on_host`), apart from the threads that train the model.
+On a CPU-only machine notebook 03 gives the model ("the accelerator") its own slice of the cores
+and the pipeline the rest, as a GPU and its host would have; ``None`` leaves ``tf.data`` on
+TensorFlow's shared threads.
 """
 
 from __future__ import annotations
@@ -121,15 +127,37 @@ def _batch_crop_flip(images, image_size):
 
 
 def _without_hidden_prefetch(ds: tf.data.Dataset) -> tf.data.Dataset:
-    """tf.data quietly adds a prefetch after parallel maps; switch that off so the stages before
-    ``prefetch`` show what they really do."""
+    """tf.data quietly works ahead of the consumer: it adds a prefetch after parallel maps, turns
+    sequential maps into parallel ones, and fuses a map with the batch after it into one asynchronous
+    step. Switch all three off so the stages before ``prefetch`` show what they really do (with the
+    fusion on, a "sequential" pipeline overlapped training by a whole batch)."""
     options = tf.data.Options()
     options.experimental_optimization.inject_prefetch = False
+    options.experimental_optimization.map_parallelization = False
+    options.experimental_optimization.map_and_batch_fusion = False
     return ds.with_options(options)
 
 
-def tf_dataset(stage: str, folder, batch_size: int, image_size: int, seed: int = 0) -> tf.data.Dataset:
+def on_host(ds: tf.data.Dataset, host_threads: int | None) -> tf.data.Dataset:
+    """``ds`` running on a private pool of ``host_threads`` threads (the host's cores), each of its
+    functions on one thread; ``None`` returns ``ds`` as it is."""
+    if host_threads is None:
+        return ds
+    if host_threads < 1:
+        raise ValueError(f"host_threads must be at least 1, got {host_threads}")
+    options = tf.data.Options()
+    options.threading.private_threadpool_size = host_threads
+    options.threading.max_intra_op_parallelism = 1
+    return ds.with_options(options)
+
+
+def tf_dataset(stage: str, folder, batch_size: int, image_size: int, seed: int = 0,
+               host_threads: int | None = None) -> tf.data.Dataset:
     """The ``tf.data`` pipeline of one stage (every stage but ``naive``), repeating forever."""
+    return on_host(_stage_dataset(stage, folder, batch_size, image_size, seed), host_threads)
+
+
+def _stage_dataset(stage: str, folder, batch_size: int, image_size: int, seed: int) -> tf.data.Dataset:
     names = [s.name for s in STAGES]
     if stage not in names or stage == "naive":
         raise ValueError(f"unknown tf.data stage {stage!r}: choose one of {', '.join(names[1:])}")
@@ -169,28 +197,34 @@ def tf_dataset(stage: str, folder, batch_size: int, image_size: int, seed: int =
     return ds.prefetch(AUTOTUNE)
 
 
-def batches(stage: str, folder, batch_size: int, image_size: int, seed: int = 0) -> Iterator:
+def batches(stage: str, folder, batch_size: int, image_size: int, seed: int = 0,
+            host_threads: int | None = None) -> Iterator:
     """An endless iterator of ``(images, labels)`` batches from ``stage``."""
-    if stage == "naive":
+    if stage == "naive":  # one Python thread, whatever host_threads says
         return naive_batches(folder.paths(), folder.labels, batch_size, image_size, seed)
-    return iter(tf_dataset(stage, folder, batch_size, image_size, seed))
+    return iter(tf_dataset(stage, folder, batch_size, image_size, seed, host_threads))
 
 
-def fill_cache(stage: str, folder, batch_size: int, image_size: int, seed: int = 0) -> Callable[[], Iterator]:
+def fill_cache(stage: str, folder, batch_size: int, image_size: int, seed: int = 0,
+               host_threads: int | None = None) -> Callable[[], Iterator]:
     """For caching stages, one pass that decodes every file, so timing sees only cached epochs.
 
     Returns a function that gives a fresh iterator over the (now filled) pipeline.
     """
-    dataset = None if stage == "naive" else tf_dataset(stage, folder, batch_size, image_size, seed)
+    dataset = None if stage == "naive" else tf_dataset(stage, folder, batch_size, image_size, seed, host_threads)
     if dataset is not None and [s.name for s in STAGES].index(stage) >= [s.name for s in STAGES].index("cache"):
         iterator = iter(dataset)
         for _ in range(-(-len(folder.files) // batch_size) + 1):
             next(iterator)
         return lambda: iterator
-    return lambda: batches(stage, folder, batch_size, image_size, seed)
+    return lambda: batches(stage, folder, batch_size, image_size, seed, host_threads)
 
 
 # ---- measuring the stages ----------------------------------------------------------------------
+
+#: Training at this fraction of the ceiling or more counts as fed (the model, not the input, limits it).
+FED = 0.9
+
 
 @dataclass
 class StageResult:
@@ -217,8 +251,8 @@ class StageResult:
         """Which side limits training: the input pipeline or the compute."""
         if self.train_rate is None:
             return "not run"
-        if self.stage.overlaps:
-            return "input pipeline" if self.pipeline_rate < self.ceiling_rate else "compute"
+        if self.stage.overlaps:  # what training reached says it; the pipeline alone is timed apart
+            return "input pipeline" if self.fraction_of_ceiling < FED else "compute"
         return "input pipeline" if self.waiting_share > 0.1 else "compute"
 
 
@@ -233,14 +267,19 @@ def describe_bottleneck(r: StageResult, on_gpu: bool = False) -> str:
                 f"asks for it, so the model waits about {r.waiting_share:.0%} of every step (pipeline alone "
                 f"{r.pipeline_rate:,.0f} images/s, model {r.ceiling_rate:,.0f}/s): the waiting predicts "
                 f"{1 - r.waiting_share:.2f}x the ceiling; {measured}.")
-    if r.pipeline_rate < r.ceiling_rate:
-        return (f"{r.stage.name}: input-bound. The pipeline delivers {r.pipeline_rate:,.0f} images/s, less than "
-                f"the {r.ceiling_rate:,.0f}/s the model can train on; {measured}.")
+    if r.bottleneck == "input pipeline":
+        return (f"{r.stage.name}: input-bound. Batches are prepared during the previous step, but the pipeline "
+                f"(alone {r.pipeline_rate:,.0f} images/s) does not keep up with the {r.ceiling_rate:,.0f}/s the "
+                f"model can train on; {measured}.")
+    if r.pipeline_rate < 1.2 * r.ceiling_rate:
+        return (f"{r.stage.name}: just fed. Batches are prepared during the previous step, and the pipeline alone "
+                f"({r.pipeline_rate:,.0f} images/s) is about as fast as the model ({r.ceiling_rate:,.0f}/s), with "
+                f"no margin: {measured}, but a slower moment of the pipeline would show at once.")
     gap = 1 - r.fraction_of_ceiling
     reason = ("" if gap <= 0.02 else
               f"; the missing {gap:.0%} is " + ("host-device copying and scheduling." if on_gpu else
-                                                "CPU time the pipeline takes from the model: on this machine "
-                                                "they share the same cores."))
+                                                "the pipeline's threads disturbing the model's core (caches, "
+                                                "memory bandwidth, scheduling)."))
     return (f"{r.stage.name}: compute-bound. Batches are prepared during the previous step, and the pipeline "
             f"could deliver {r.pipeline_rate:,.0f} images/s, {r.pipeline_rate / r.ceiling_rate:.1f}x what the "
             f"model needs; {measured}{reason}")
@@ -248,7 +287,7 @@ def describe_bottleneck(r: StageResult, on_gpu: bool = False) -> str:
 
 def measure_stages(folder, *, batch_size: int, image_size: int, width: float, repeats: int = 5,
                    steps_per_round: int = 3, seed: int = 0, have_gpu: bool = False,
-                   progress: bool = True) -> list[StageResult]:
+                   host_threads: int | None = None, progress: bool = True) -> list[StageResult]:
     """Time every stage: the pipeline alone, and training AlexNet fed by it beside the ceiling.
 
     The ceiling (the same model's training step on a batch already on the device) is re-measured
@@ -283,7 +322,7 @@ def measure_stages(folder, *, batch_size: int, image_size: int, width: float, re
             step = steps[stage.uint8]
         # The ceiling of the model this stage feeds: the same step on a batch already in memory.
         ceiling_batch = on_device[stage.uint8]
-        fresh = fill_cache(stage.name, folder, batch_size, image_size, seed)
+        fresh = fill_cache(stage.name, folder, batch_size, image_size, seed, host_threads)
         alone = fresh()
         pipeline_rate = measure_rate(lambda: next(alone), batch_size, warmup=2, repeats=repeats,
                                      calls_per_round=steps_per_round * 2).median

@@ -552,7 +552,8 @@ def pipeline_stages(results, name: str = "03_pipeline_stages"):
             label="pipeline alone (no training)")
     ax.barh(y - 0.2, [r.train_rate for r in shown], height=0.38, color="tab:blue", label="training fed by it")
     ceiling = float(np.median([r.ceiling_rate for r in shown]))
-    ax.axvline(ceiling, color="tab:red", linestyle="--", label=f"compute ceiling ({ceiling:,.0f}/s)")
+    ax.axvline(ceiling, color="tab:red", linestyle="--",
+               label=f"compute ceiling, median beside the stages ({ceiling:,.0f}/s)")
     for yi, r in zip(y, shown):
         ax.text(r.train_rate, yi - 0.2, f" {r.fraction_of_ceiling:.2f}x", va="center", fontsize=8)
     ax.set_yticks(y, labels, fontsize=8)

@@ -98,5 +98,25 @@ def test_bottleneck_diagnosis_follows_the_numbers():
     assert starved.bottleneck == "input pipeline" and "input-bound" in pipeline.describe_bottleneck(starved)
     fed = pipeline.StageResult(pipeline.STAGES[5], pipeline_rate=500.0, train_rate=90.0, ceiling_rate=100.0)
     text = pipeline.describe_bottleneck(fed)
-    assert fed.bottleneck == "compute" and "share the same cores" in text and "10%" in text
+    assert fed.bottleneck == "compute" and "disturbing the model" in text and "10%" in text
     assert "host-device" in pipeline.describe_bottleneck(fed, on_gpu=True)
+    # Prefetched batches at about the model's rate: fed, with no margin, whatever the pipeline alone measured.
+    close = pipeline.StageResult(pipeline.STAGES[4], pipeline_rate=95.0, train_rate=97.0, ceiling_rate=100.0)
+    assert close.bottleneck == "compute" and "just fed" in pipeline.describe_bottleneck(close)
+
+
+def test_stages_before_prefetch_do_not_work_ahead_and_host_threads_give_a_private_pool(small_dataset, cache):
+    folder = imagefolder.build_image_folder(small_dataset, n_images=40, short_side=64, shards=4, verbose=False)
+    names = [s.name for s in pipeline.STAGES if not s.needs_gpu and s.name != "naive"]
+    for stage in names:
+        options = pipeline.tf_dataset(stage, folder, 8, 48, host_threads=1).options()
+        ahead = names.index(stage) >= names.index("prefetch")
+        # tf.data's own prefetch and its asynchronous map-and-batch would make a sequential stage overlap.
+        assert (options.experimental_optimization.inject_prefetch is False) is not ahead, stage
+        assert (options.experimental_optimization.map_and_batch_fusion is False) is not ahead, stage
+        assert options.threading.private_threadpool_size == 1 and options.threading.max_intra_op_parallelism == 1
+    assert pipeline.tf_dataset("cache", folder, 8, 48).options().threading.private_threadpool_size is None
+    images, _ = next(pipeline.fill_cache("uint8_transfer", folder, 8, 48, host_threads=1)())
+    assert images.shape == (8, 48, 48, 3)
+    with pytest.raises(ValueError, match="host_threads"):
+        pipeline.on_host(tf.data.Dataset.range(3), 0)
