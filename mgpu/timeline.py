@@ -65,9 +65,18 @@ def _union_length(spans: list[tuple[float, float]]) -> float:
     return total
 
 
-def summarize(path_or_events) -> dict:
-    """``{"span_s", "tensors", "activities": [Activity, ...]}`` sorted by wall time, largest first."""
+def summarize(path_or_events, before: str | None = None) -> dict:
+    """``{"span_s", "tensors", "activities": [Activity, ...]}`` sorted by wall time, largest first.
+
+    ``before`` names an activity (``"NEGOTIATE_ALLGATHER"``, say): only the events that began before
+    its first occurrence count, so what a script does after training stays out of the summary.
+    """
     events = path_or_events if isinstance(path_or_events, list) else load_events(path_or_events)
+    if before is not None:
+        starts = [e["ts"] for e in events if e.get("name") == before and e.get("ph") in ("B", "X")]
+        if starts:
+            cut = min(starts)
+            events = [e for e in events if "ts" not in e or e["ts"] < cut]
     found = intervals(events)
     stamps = [e["ts"] for e in events if "ts" in e]
     span = (max(stamps) - min(stamps)) / 1e6 if stamps else 0.0

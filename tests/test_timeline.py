@@ -58,3 +58,16 @@ def test_finished_file_and_event_list_give_the_same_summary(tmp_path):
     from_file = timeline.summarize(tmp_path / "t.json")
     from_list = timeline.summarize(_trace())
     assert from_file == from_list
+
+
+def test_what_follows_the_named_activity_is_left_out():
+    # A script's own allgather after training: a long wait that is not part of training.
+    after = [{"ph": "B", "name": "NEGOTIATE_ALLGATHER", "ts": 3_000_000, "pid": 3},
+             {"ph": "E", "ts": 9_000_000, "pid": 3},
+             {"ph": "B", "name": "NEGOTIATE_ALLREDUCE", "ts": 9_500_000, "pid": 1},
+             {"ph": "E", "ts": 9_600_000, "pid": 1}]
+    whole = timeline.summarize(_trace() + after)
+    training = timeline.summarize(_trace() + after, before="NEGOTIATE_ALLGATHER")
+    assert whole["activities"][0].name == "NEGOTIATE_ALLGATHER" and whole["span_s"] == pytest.approx(9.6)
+    assert training == timeline.summarize(_trace())
+    assert timeline.summarize(_trace(), before="NEGOTIATE_ALLGATHER") == timeline.summarize(_trace())
