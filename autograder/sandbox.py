@@ -585,20 +585,50 @@ def _horovodrun_launch(proc: psutil.Process, worker_uid: int | None) -> int | No
         return None
 
 
-def _note_training_cpu(workers: dict[int, dict]) -> None:
-    """A new epoch file appeared: note each worker's CPU seconds so far. ``train_cpu_s`` is then what
-    it used between the first and the latest epoch (training, without the start-up every worker
-    pays, importing TensorFlow and loading data, however little it trains)."""
-    for worker in list(workers.values()):
-        try:  # sampled now, not the watchdog's last sample (a busy machine can delay it)
+def _cpu_sample(workers: dict[int, dict], cgroups: "RunCgroups") -> tuple[float, float | None, dict[int, float]]:
+    """(wall time, the run's CPU seconds from its cgroup, each known worker's CPU seconds), now."""
+    per = {}
+    for pid, worker in list(workers.items()):
+        try:
             times = psutil.Process(worker["host_pid"]).cpu_times()
             worker["cpu_s"] = max(worker.get("cpu_s", 0.0), times.user + times.system)
         except psutil.Error:
             pass  # it has ended: what it used when last seen alive
-        now = worker.get("cpu_s", 0.0)
-        worker.setdefault("cpu_at_first_epoch", now)
-        worker["cpu_at_last_epoch"] = now
-        worker["train_cpu_s"] = now - worker["cpu_at_first_epoch"]
+        per[pid] = worker.get("cpu_s", 0.0)
+    return time.time(), cgroups.cpu_s(), per
+
+
+def _cpu_at(before: tuple, after: tuple, written: float) -> tuple[float | None, dict[int, float]]:
+    """The run's and each worker's CPU seconds when a file was written, between two samples.
+
+    The watchdog sees a new epoch file at its next poll, which a busy machine can delay by a second
+    or more, and the workers keep training meanwhile: the CPU is interpolated to the file's
+    modification time, held between the two samples (the file was absent at the first), so the
+    time a run sets on its files moves the mark by less than one poll."""
+    (t0, run0, per0), (t1, run1, per1) = before, after
+    f = 1.0 if t1 <= t0 else min(max((written - t0) / (t1 - t0), 0.0), 1.0)
+
+    def mix(a, b):
+        return b if a is None or b is None else a + f * (b - a)
+    return mix(run0, run1), {pid: mix(per0.get(pid, cpu), cpu) for pid, cpu in per1.items()}
+
+
+def _note_training_cpu(workers: dict[int, dict], run_cpu: dict, before: tuple, after: tuple,
+                       written: list[float]) -> None:
+    """New epoch files appeared (``written``: their modification times): note the run's and each
+    worker's CPU seconds when the first and the latest epoch file was written. ``train_cpu_s`` is
+    then what a worker used between the two (training, without the start-up every worker pays,
+    importing TensorFlow and loading data, however little it trains)."""
+    first_run, first = _cpu_at(before, after, min(written))
+    last_run, last = _cpu_at(before, after, max(written))
+    run_cpu.setdefault("first_epoch", first_run)
+    run_cpu["last_epoch"] = last_run
+    for pid, worker in list(workers.items()):
+        if pid not in last:
+            continue
+        worker.setdefault("cpu_at_first_epoch", first[pid])
+        worker["cpu_at_last_epoch"] = last[pid]
+        worker["train_cpu_s"] = last[pid] - worker["cpu_at_first_epoch"]
 
 
 def _spot_workers(root: psutil.Process, popen: subprocess.Popen, workers: dict[int, dict],
@@ -709,6 +739,7 @@ class EpochKeeper:
         self.output, self.keep, self.owner = Path(output), Path(keep), owner
         self.keep.mkdir(parents=True, exist_ok=True)
         self.seen: dict[int, float] = {}
+        self.written: dict[int, float] = {}  # epoch -> the file's modification time (wall clock)
         self.files: dict[int, Path] = {}
         self.rejected: dict[int, str] = {}
         self._digests: dict[int, str] = {}
@@ -732,6 +763,10 @@ class EpochKeeper:
             if epoch in self.seen:
                 continue
             self.seen[epoch] = now
+            try:  # the link itself, never what it points to
+                self.written[epoch] = os.stat(name, dir_fd=self._fd, follow_symlinks=False).st_mtime
+            except OSError:
+                pass
             if len(self.seen) > MAX_KEPT_EPOCHS or self.kept_bytes >= MAX_KEPT_BYTES:
                 self.rejected[epoch] = (f"{name} was not kept: the run saved more than {MAX_KEPT_EPOCHS} epoch "
                                         f"files or {MAX_KEPT_BYTES // 2**20} MB of them (save one file per epoch)")
@@ -933,6 +968,7 @@ def run_notebook(folder: RunFolder, name: str, parameters: dict, *, keep: Path, 
     # the workers are found in a thread of their own, so the limits above never wait for it.
     launched: list[int] = []
     run_cpu: dict[str, float | None] = {}  # the run's CPU seconds (cpuacct) at the first and latest epoch
+    previous = None  # the last poll's CPU sample
     spotter = threading.Thread(target=_spot_workers, args=(root, popen, workers, worker_uid, launched), daemon=True)
     spotter.start()
     try:
@@ -946,12 +982,13 @@ def run_notebook(folder: RunFolder, name: str, parameters: dict, *, keep: Path, 
             if now > timeout_s:
                 status, reason = "timeout", f"timed out after {timeout_s:.0f} s"
                 break
-            before = set(keeper.seen)
+            known = set(keeper.seen)
             keeper.poll(now)
-            if set(keeper.seen) != before:
-                _note_training_cpu(workers)
-                run_cpu.setdefault("first_epoch", cgroups.cpu_s())
-                run_cpu["last_epoch"] = cgroups.cpu_s()
+            sample = _cpu_sample(workers, cgroups)
+            if set(keeper.seen) != known:
+                written = [keeper.written.get(e, sample[0]) for e in set(keeper.seen) - known]
+                _note_training_cpu(workers, run_cpu, previous or sample, sample, written)
+            previous = sample
             memory = cgroups.resident_mb()
             if memory is None:  # no memory cgroup: sum per process (shared pages count more than once)
                 memory = _rss_mb(_tree(root))
