@@ -653,13 +653,7 @@ def _spot_workers(root: psutil.Process, popen: subprocess.Popen, workers: dict[i
             worker = _horovod_worker(proc, worker_uid)
             if worker is not None:
                 workers[_namespace_pid(proc.pid)] = worker
-        for worker in list(workers.values()):  # the CPU each worker used, last seen alive
-            try:
-                times = psutil.Process(worker["host_pid"]).cpu_times()
-                worker["cpu_s"] = max(worker.get("cpu_s", 0.0), times.user + times.system)
-            except psutil.Error:
-                continue
-        time.sleep(POLL_SECONDS)
+        time.sleep(POLL_SECONDS)  # each worker's CPU is sampled by the watchdog's own poll (_cpu_sample)
 
 
 class Rejected(ValueError):
