@@ -68,6 +68,7 @@ from mgpu.launch import kill_processes
 GRADE_MARKER = "MGPU_GRADE_ID"
 REPO_ROOT = Path(__file__).resolve().parents[1]
 POLL_SECONDS = 0.25
+SAMPLE_SECONDS = 0.1  # the CPU trail's interval (CpuTrail)
 #: Most tasks (processes + threads) one run may have. A 4-worker run of the reference peaked at
 #: a few hundred on 2 cores (RunResult.tasks_peak); TensorFlow's thread pools grow with the cores.
 PIDS_MAX = max(2048, 64 * (os.cpu_count() or 1))
@@ -599,12 +600,7 @@ def _cpu_sample(workers: dict[int, dict], cgroups: "RunCgroups") -> tuple[float,
 
 
 def _cpu_at(before: tuple, after: tuple, written: float) -> tuple[float | None, dict[int, float]]:
-    """The run's and each worker's CPU seconds when a file was written, between two samples.
-
-    The watchdog sees a new epoch file at its next poll, which a busy machine can delay by a second
-    or more, and the workers keep training meanwhile: the CPU is interpolated to the file's
-    modification time, held between the two samples (the file was absent at the first), so the
-    time a run sets on its files moves the mark by less than one poll."""
+    """The run's and each worker's CPU seconds at wall time ``written``, between two samples."""
     (t0, run0, per0), (t1, run1, per1) = before, after
     f = 1.0 if t1 <= t0 else min(max((written - t0) / (t1 - t0), 0.0), 1.0)
 
@@ -613,22 +609,73 @@ def _cpu_at(before: tuple, after: tuple, written: float) -> tuple[float | None, 
     return mix(run0, run1), {pid: mix(per0.get(pid, cpu), cpu) for pid, cpu in per1.items()}
 
 
-def _note_training_cpu(workers: dict[int, dict], run_cpu: dict, before: tuple, after: tuple,
-                       written: list[float]) -> None:
-    """New epoch files appeared (``written``: their modification times): note the run's and each
-    worker's CPU seconds when the first and the latest epoch file was written. ``train_cpu_s`` is
-    then what a worker used between the two (training, without the start-up every worker pays,
-    importing TensorFlow and loading data, however little it trains)."""
-    first_run, first = _cpu_at(before, after, min(written))
-    last_run, last = _cpu_at(before, after, max(written))
-    run_cpu.setdefault("first_epoch", first_run)
-    run_cpu["last_epoch"] = last_run
+class CpuTrail:
+    """The run's and each worker's CPU, sampled every :data:`SAMPLE_SECONDS` by a thread of its own.
+
+    An epoch file's CPU marks are interpolated between the two samples around the moment it was
+    written, at most that far apart: however long the watchdog's poll is held back (a busy machine,
+    a large epoch file to copy, a fork bomb's process tree to walk), the workers' training in the
+    meantime is not counted as start-up. Samples no mark can need any more are dropped."""
+
+    def __init__(self, workers: dict[int, dict], cgroups: "RunCgroups"):
+        self._workers, self._cgroups = workers, cgroups
+        self._samples: list[tuple] = []
+        self._lock = threading.Lock()
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+
+    def _sample(self) -> None:
+        while True:
+            sample = _cpu_sample(self._workers, self._cgroups)
+            with self._lock:
+                self._samples.append(sample)
+            if self._done.wait(SAMPLE_SECONDS):
+                return
+
+    def stop(self) -> None:
+        """No more samples after one last one, taken now."""
+        self._done.set()
+        self._thread.join(timeout=10)
+        sample = _cpu_sample(self._workers, self._cgroups)
+        with self._lock:
+            self._samples.append(sample)
+
+    def at(self, written: float) -> tuple[float | None, dict[int, float]] | None:
+        """The CPU at wall time ``written``; None until a sample at or after it is taken (or after
+        :meth:`stop`, the last sample)."""
+        with self._lock:
+            if not self._samples:
+                return None
+            after = next((i for i, s in enumerate(self._samples) if s[0] >= written), None)
+            if after is None:
+                if not self._done.is_set():
+                    return None
+                after = len(self._samples) - 1
+            return _cpu_at(self._samples[max(after - 1, 0)], self._samples[after], written)
+
+    def forget_before(self, moment: float) -> None:
+        """Drop the samples no mark at or after wall time ``moment`` can need."""
+        with self._lock:
+            keep = max((i for i, s in enumerate(self._samples) if s[0] <= moment), default=0)
+            del self._samples[:keep]
+
+
+def _note_training_cpu(workers: dict[int, dict], run_cpu: dict, mark: tuple) -> None:
+    """An epoch file, the latest so far, was written when the run and its workers had used ``mark``
+    (see :meth:`CpuTrail.at`): the first such mark is kept, the latest replaces the one before.
+    ``train_cpu_s`` is what a worker used between the first and the latest epoch file (training,
+    without the start-up every worker pays, importing TensorFlow and loading data, however little
+    it trains)."""
+    run_at, per = mark
+    run_cpu.setdefault("first_epoch", run_at)
+    run_cpu["last_epoch"] = run_at
     for pid, worker in list(workers.items()):
-        if pid not in last:
+        if pid not in per:
             continue
-        worker.setdefault("cpu_at_first_epoch", first[pid])
-        worker["cpu_at_last_epoch"] = last[pid]
-        worker["train_cpu_s"] = last[pid] - worker["cpu_at_first_epoch"]
+        worker.setdefault("cpu_at_first_epoch", per[pid])
+        worker["cpu_at_last_epoch"] = per[pid]
+        worker["train_cpu_s"] = per[pid] - worker["cpu_at_first_epoch"]
 
 
 def _spot_workers(root: psutil.Process, popen: subprocess.Popen, workers: dict[int, dict],
@@ -653,7 +700,7 @@ def _spot_workers(root: psutil.Process, popen: subprocess.Popen, workers: dict[i
             worker = _horovod_worker(proc, worker_uid)
             if worker is not None:
                 workers[_namespace_pid(proc.pid)] = worker
-        time.sleep(POLL_SECONDS)  # each worker's CPU is sampled by the watchdog's own poll (_cpu_sample)
+        time.sleep(POLL_SECONDS)  # each worker's CPU is sampled by the CPU trail (CpuTrail)
 
 
 class Rejected(ValueError):
@@ -733,7 +780,11 @@ class EpochKeeper:
         self.output, self.keep, self.owner = Path(output), Path(keep), owner
         self.keep.mkdir(parents=True, exist_ok=True)
         self.seen: dict[int, float] = {}
-        self.written: dict[int, float] = {}  # epoch -> the file's modification time (wall clock)
+        # epoch -> when the file was written (wall clock): its modification time, held between the
+        # listing that did not show it and the one that did, so the time a run sets on its own files
+        # moves the moment by less than one poll
+        self.written: dict[int, float] = {}
+        self.listed_at = time.time()  # when the folder was last listed (wall clock)
         self.files: dict[int, Path] = {}
         self.rejected: dict[int, str] = {}
         self._digests: dict[int, str] = {}
@@ -753,14 +804,17 @@ class EpochKeeper:
         return {int(m.group(1)): name for name in names if (m := assessment.EPOCH_FILE.match(name))}
 
     def poll(self, now: float) -> None:
+        absent_at, self.listed_at = self.listed_at, time.time()
         for epoch, name in sorted(self._names().items()):
             if epoch in self.seen:
                 continue
             self.seen[epoch] = now
+            listed = time.time()
             try:  # the link itself, never what it points to
-                self.written[epoch] = os.stat(name, dir_fd=self._fd, follow_symlinks=False).st_mtime
+                mtime = os.stat(name, dir_fd=self._fd, follow_symlinks=False).st_mtime
             except OSError:
-                pass
+                mtime = listed
+            self.written[epoch] = min(max(mtime, absent_at), listed)
             if len(self.seen) > MAX_KEPT_EPOCHS or self.kept_bytes >= MAX_KEPT_BYTES:
                 self.rejected[epoch] = (f"{name} was not kept: the run saved more than {MAX_KEPT_EPOCHS} epoch "
                                         f"files or {MAX_KEPT_BYTES // 2**20} MB of them (save one file per epoch)")
@@ -962,9 +1016,15 @@ def run_notebook(folder: RunFolder, name: str, parameters: dict, *, keep: Path, 
     # the workers are found in a thread of their own, so the limits above never wait for it.
     launched: list[int] = []
     run_cpu: dict[str, float | None] = {}  # the run's CPU seconds (cpuacct) at the first and latest epoch
-    previous = None  # the last poll's CPU sample
     spotter = threading.Thread(target=_spot_workers, args=(root, popen, workers, worker_uid, launched), daemon=True)
     spotter.start()
+    trail = CpuTrail(workers, cgroups)
+    pending: list[float] = []  # when each new epoch file was written, until the trail has a sample after it
+
+    def note_marks() -> None:
+        while pending and (mark := trail.at(pending[0])) is not None:
+            _note_training_cpu(workers, run_cpu, mark)
+            trail.forget_before(pending.pop(0))
     try:
         while popen.poll() is None:
             now = time.monotonic() - started
@@ -978,11 +1038,9 @@ def run_notebook(folder: RunFolder, name: str, parameters: dict, *, keep: Path, 
                 break
             known = set(keeper.seen)
             keeper.poll(now)
-            sample = _cpu_sample(workers, cgroups)
-            if set(keeper.seen) != known:
-                written = [keeper.written.get(e, sample[0]) for e in set(keeper.seen) - known]
-                _note_training_cpu(workers, run_cpu, previous or sample, sample, written)
-            previous = sample
+            pending.extend(sorted(keeper.written[e] for e in set(keeper.seen) - known))
+            note_marks()
+            trail.forget_before(pending[0] if pending else keeper.listed_at)
             memory = cgroups.resident_mb()
             if memory is None:  # no memory cgroup: sum per process (shared pages count more than once)
                 memory = _rss_mb(_tree(root))
@@ -997,7 +1055,11 @@ def run_notebook(folder: RunFolder, name: str, parameters: dict, *, keep: Path, 
         tasks_peak, fork_limited, oom = cgroups.tasks_peak(), cgroups.hit_pids_limit(), cgroups.oom_killed()
         memory_peak_mb = cgroups.peak_mb()
         run_cpu["end"] = cgroups.cpu_s()
+        known = set(keeper.seen)
         keeper.poll(end)  # appeared between the last poll and the end
+        pending.extend(sorted(keeper.written[e] for e in set(keeper.seen) - known))
+        trail.stop()
+        note_marks()
         kill_run(popen, marker, cgroups)
         reader.join(timeout=30)
         spotter.join(timeout=10)
