@@ -5,6 +5,8 @@
 - :class:`StopAtAccuracy` stops when a metric stays at or above a target for N consecutive
   epochs (the assessment's criterion), and records when that happened.
 - :class:`TimeBudget` stops training when the wall-clock budget is spent.
+- :class:`CosineDecay` lowers the learning rate to zero along half a cosine, batch by batch, after
+  any warm-up.
 - :class:`WallClockCSVLogger` writes one CSV row per epoch with the wall time, for plots of
   accuracy against time; in a Horovod run only rank 0 should write (``enabled=hvd.rank() == 0``).
 
@@ -144,6 +146,33 @@ class TimeBudget(tf.keras.callbacks.Callback):
         if time.perf_counter() - self._start > self.seconds:
             self.exceeded = True
             self.model.stop_training = True
+
+
+class CosineDecay(tf.keras.callbacks.Callback):
+    """From ``start_epoch`` on, the learning rate falls from ``lr`` to 0 at ``end_epoch`` along half a
+    cosine (Loshchilov & Hutter 2017), set before every batch; before ``start_epoch`` it is left to
+    whatever sets it there (a warm-up), and a run that ends by ``start_epoch`` never decays. Epochs
+    may be fractional."""
+
+    def __init__(self, lr: float, start_epoch: float, end_epoch: float, steps_per_epoch: int):
+        super().__init__()
+        self.lr, self.start, self.end, self.steps = float(lr), float(start_epoch), float(end_epoch), int(steps_per_epoch)
+        self._epoch = 0
+
+    def rate(self, epoch: float) -> float | None:
+        """The rate at (fractional) ``epoch``; None before the decay starts."""
+        if epoch < self.start or self.end <= self.start:
+            return None
+        done = min(1.0, (epoch - self.start) / (self.end - self.start))
+        return self.lr * 0.5 * (1.0 + math.cos(math.pi * done))
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._epoch = epoch
+
+    def on_train_batch_begin(self, batch, logs=None):
+        rate = self.rate(self._epoch + batch / self.steps)
+        if rate is not None:
+            tf.keras.backend.set_value(self.model.optimizer.learning_rate, rate)
 
 
 class WallClockCSVLogger(tf.keras.callbacks.Callback):

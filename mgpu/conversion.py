@@ -112,6 +112,11 @@ fit_callbacks.append(hvd.callbacks.MetricAverageCallback())  # @metric_average
 fit_callbacks.append(hvd.callbacks.LearningRateWarmupCallback(  # @scale_lr
     initial_lr=lr, warmup_epochs=args.warmup_epochs, momentum_correction=False,  # @scale_lr
     steps_per_epoch=steps_per_epoch))  # @scale_lr
+# After any warm-up the rate falls to zero along half a cosine (Loshchilov & Hutter 2017), so the
+# final accuracy says where training settled, not where its last large step landed.
+decay_from = args.warmup_epochs  # @scale_lr
+decay_from = 0.0  # @!scale_lr
+fit_callbacks.append(callbacks.CosineDecay(lr, decay_from, args.epochs, steps_per_epoch))
 fit_callbacks.append(callbacks.WallClockCSVLogger(os.path.join(args.out, "log.csv"), enabled=talk))
 # HDF5 locks the file it writes: two ranks saving to one file would stop the job, so a rank other
 # than 0 that saves gets a file of its own.

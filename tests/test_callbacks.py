@@ -112,3 +112,30 @@ def test_csv_logger_writes_wall_time_rows_only_when_enabled(tmp_path):
     assert {"loss", "accuracy", "val_accuracy"} <= set(rows[0])
     assert not (tmp_path / "rank1.csv").exists()
     assert len(clock.epoch_times) == 3 and clock.total >= clock.epoch_times[-1]
+
+
+class _RecordRate(tf.keras.callbacks.Callback):
+    def __init__(self):
+        super().__init__()
+        self.rates = []
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self.rates.append(float(tf.keras.backend.get_value(self.model.optimizer.learning_rate)))
+
+
+def test_cosine_decay_leaves_the_warm_up_alone_then_falls_to_zero_in_real_training():
+    model = _tiny_model()
+    tf.keras.backend.set_value(model.optimizer.learning_rate, 0.3)
+    x, y = _data(64)
+    record = _RecordRate()  # after the decay in the list: sees the rate the batch trains with
+    model.fit(x, y, batch_size=16, epochs=3, verbose=0,
+              callbacks=[callbacks.CosineDecay(0.4, start_epoch=1, end_epoch=3, steps_per_epoch=4), record])
+    assert record.rates[:4] == pytest.approx([0.3] * 4)  # before start_epoch: untouched
+    expected = [0.4 * 0.5 * (1 + math.cos(math.pi * k / 8)) for k in range(8)]
+    assert record.rates[4:] == pytest.approx(expected, rel=1e-5)
+    assert record.rates[4] == pytest.approx(0.4) and record.rates[-1] < 0.4 * 0.05
+
+
+def test_cosine_decay_of_a_run_that_ends_before_it_starts_changes_nothing():
+    decay = callbacks.CosineDecay(0.4, start_epoch=1, end_epoch=1, steps_per_epoch=4)
+    assert decay.rate(0.5) is None and decay.rate(1.0) is None and decay.rate(5.0) is None
