@@ -782,7 +782,7 @@ class EpochKeeper:
         self.seen: dict[int, float] = {}
         # epoch -> when the file was written (wall clock): its modification time, held between the
         # listing that did not show it and the one that did, so the time a run sets on its own files
-        # moves the moment by less than one poll
+        # moves the moment by no more than the time between two listings
         self.written: dict[int, float] = {}
         self.listed_at = time.time()  # when the folder was last listed (wall clock)
         self.files: dict[int, Path] = {}
@@ -805,11 +805,12 @@ class EpochKeeper:
 
     def poll(self, now: float) -> None:
         absent_at, self.listed_at = self.listed_at, time.time()
-        for epoch, name in sorted(self._names().items()):
+        names = self._names()
+        listed = time.time()  # every file listed was there by now
+        for epoch, name in sorted(names.items()):
             if epoch in self.seen:
                 continue
             self.seen[epoch] = now
-            listed = time.time()
             try:  # the link itself, never what it points to
                 mtime = os.stat(name, dir_fd=self._fd, follow_symlinks=False).st_mtime
             except OSError:
