@@ -61,7 +61,7 @@ def compile_classifier(model: tf.keras.Model, optimizer="adam", learning_rate: f
 
 def small_resnet(input_shape=(28, 28), num_classes: int = 10, width: int = 16, blocks: int = 1,
                  seed: int = 0) -> tf.keras.Model:
-    """A ResNet-style CNN (He et al. 2016) small enough for CPU runs; notebook 04's training script uses it.
+    """A ResNet-style CNN (He et al. 2016) small enough for CPU runs: notebook 04 measures speed with it.
 
     A 3x3 stem of ``width`` channels, then two stages of ``blocks`` residual blocks each (two 3x3
     convolutions added to the block's input); the second stage halves the resolution and doubles the
