@@ -1022,10 +1022,15 @@ def run_notebook(folder: RunFolder, name: str, parameters: dict, *, keep: Path, 
     trail = CpuTrail(workers, cgroups)
     pending: list[float] = []  # when each new epoch file was written, until the trail has a sample after it
 
+    def poll_epochs(now: float) -> None:
+        known = set(keeper.seen)
+        keeper.poll(now)
+        pending.extend(sorted(keeper.written[e] for e in set(keeper.seen) - known))
+
     def note_marks() -> None:
         while pending and (mark := trail.at(pending[0])) is not None:
             _note_training_cpu(workers, run_cpu, mark)
-            trail.forget_before(pending.pop(0))
+            pending.pop(0)
     try:
         while popen.poll() is None:
             now = time.monotonic() - started
@@ -1037,9 +1042,7 @@ def run_notebook(folder: RunFolder, name: str, parameters: dict, *, keep: Path, 
             if now > timeout_s:
                 status, reason = "timeout", f"timed out after {timeout_s:.0f} s"
                 break
-            known = set(keeper.seen)
-            keeper.poll(now)
-            pending.extend(sorted(keeper.written[e] for e in set(keeper.seen) - known))
+            poll_epochs(now)
             note_marks()
             trail.forget_before(pending[0] if pending else keeper.listed_at)
             memory = cgroups.resident_mb()
@@ -1056,9 +1059,7 @@ def run_notebook(folder: RunFolder, name: str, parameters: dict, *, keep: Path, 
         tasks_peak, fork_limited, oom = cgroups.tasks_peak(), cgroups.hit_pids_limit(), cgroups.oom_killed()
         memory_peak_mb = cgroups.peak_mb()
         run_cpu["end"] = cgroups.cpu_s()
-        known = set(keeper.seen)
-        keeper.poll(end)  # appeared between the last poll and the end
-        pending.extend(sorted(keeper.written[e] for e in set(keeper.seen) - known))
+        poll_epochs(end)  # appeared between the last poll and the end
         trail.stop()
         note_marks()
         kill_run(popen, marker, cgroups)

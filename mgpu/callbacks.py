@@ -148,6 +148,12 @@ class TimeBudget(tf.keras.callbacks.Callback):
             self.model.stop_training = True
 
 
+def half_cosine(epoch: float, start: float, end: float) -> float:
+    """The fraction of its rate a half-cosine decay keeps at (fractional) ``epoch``: 1 at ``start``,
+    0 at ``end`` and after (Loshchilov & Hutter 2017)."""
+    return 0.5 * (1.0 + math.cos(math.pi * min(1.0, (epoch - start) / (end - start))))
+
+
 class CosineDecay(tf.keras.callbacks.Callback):
     """From ``start_epoch`` on, the learning rate falls from ``lr`` to 0 at ``end_epoch`` along half a
     cosine (Loshchilov & Hutter 2017), set before every batch; before ``start_epoch`` it is left to
@@ -163,8 +169,7 @@ class CosineDecay(tf.keras.callbacks.Callback):
         """The rate at (fractional) ``epoch``; None before the decay starts."""
         if epoch < self.start or self.end <= self.start:
             return None
-        done = min(1.0, (epoch - self.start) / (self.end - self.start))
-        return self.lr * 0.5 * (1.0 + math.cos(math.pi * done))
+        return self.lr * half_cosine(epoch, self.start, self.end)
 
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch = epoch

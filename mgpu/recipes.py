@@ -197,7 +197,9 @@ def train_recipes(recipes, settings: Settings, log_dir: str, log_prefix: str = "
 
 def _cosine(start: float, end: float):
     """The multiplier of the rate at (fractional) epoch e: 1 at ``start``, 0 at ``end``."""
-    return lambda epoch: 0.5 * (1.0 + math.cos(math.pi * min(1.0, (epoch - start) / (end - start))))
+    from mgpu.callbacks import half_cosine
+
+    return lambda epoch: half_cosine(epoch, start, end)
 
 
 def divergence_sweep(recipe: Recipe, settings: Settings, seeds, log_dir: str, epochs: int = 1) -> list[dict]:
