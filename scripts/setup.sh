@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Creates .venv with the course's pinned stack and Horovod 0.28.1 built from source.
+# Creates .venv with one of the course's two stacks (by the Python found) and Horovod 0.28.1 built from source.
 # Idempotent: when nothing it depends on changed and the build checks out, it returns in seconds.
 # Called by `make setup` (and so by `make course`, `make test`, `make lab`).
 set -euo pipefail
@@ -19,17 +19,30 @@ pipq() {
 }
 fail() { printf '[setup] ERROR: %s\n' "$*" >&2; exit 1; }
 
-# ---- 1. a Python 3.11 to build the venv from --------------------------------------------------
+# ---- 1. a Python to build the venv from, and the stack it means -------------------------------
+# 3.11 -> the pinned stack (requirements.txt: TensorFlow 2.15.1, Keras 2.15); 3.12 or 3.13 -> the current
+# stack (requirements-current.txt: TensorFlow 2.20 with tf_keras). 3.11 is preferred when several exist.
+supported() { "$1" -c 'import sys; sys.exit(sys.version_info[:2] not in ((3, 11), (3, 12), (3, 13)))' >/dev/null 2>&1; }
 if [ -z "$PY" ]; then
-  for candidate in python3.11 python3 python; do
-    if command -v "$candidate" >/dev/null 2>&1 && \
-       "$candidate" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' 2>/dev/null; then
+  pyenv_versions=${PYENV_ROOT:-$HOME/.pyenv}/versions
+  for candidate in python3.11 "$pyenv_versions"/3.11.*/bin/python3.11 python3.12 python3.13 \
+                   "$pyenv_versions"/3.12.*/bin/python3.12 "$pyenv_versions"/3.13.*/bin/python3.13 python3 python; do
+    if command -v "$candidate" >/dev/null 2>&1 && supported "$candidate"; then
       PY=$(command -v "$candidate"); break
     fi
   done
 fi
-[ -n "$PY" ] || fail "Python 3.11 not found (TensorFlow 2.15 and Horovod 0.28.1 need it). Install it (e.g. 'apt-get install python3.11 python3.11-venv python3.11-dev', pyenv, or conda: 'conda env create -f environment.yml') or pass PYTHON=/path/to/python3.11."
-"$PY" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' || fail "$PY is not Python 3.11; pass PYTHON=/path/to/python3.11."
+[ -n "$PY" ] || fail "no Python 3.11, 3.12 or 3.13 found. Install one (e.g. 'apt-get install python3.12 python3.12-venv python3.12-dev', pyenv, or conda: 'conda env create -f environment.yml') or pass PYTHON=/path/to/python."
+supported "$PY" || fail "$PY is not Python 3.11, 3.12 or 3.13 (the course's two stacks): pass PYTHON=/path/to/python3.11 or python3.12."
+PYV=$("$PY" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')
+if [ "$PYV" = 3.11 ]; then
+  STACK=pinned; REQ=requirements.txt; TF_VERSION=2.15.1; KERAS_DIST=keras; KERAS_VERSION=2.15.0
+else
+  STACK=current; REQ=requirements-current.txt; TF_VERSION=2.20.0; KERAS_DIST=tf_keras; KERAS_VERSION=2.20.1
+fi
+if [ -x "$VENV/bin/python" ] && [ "$("$VENV/bin/python" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")' 2>/dev/null)" != "$PYV" ]; then
+  fail "$VENV was made with another Python than $PY ($PYV): remove it ('rm -rf $VENV') or pass VENV=another/folder."
+fi
 
 # ---- 2. GPU or CPU build? -----------------------------------------------------------------------
 # A CUDA compiler alone is not enough (CPU machines may carry one): we need a GPU that the
@@ -43,14 +56,16 @@ if [ "$gpu" = auto ]; then
   fi
 fi
 if [ "$gpu" = 1 ]; then
-  TF_REQ="tensorflow[and-cuda]==2.15.1"; TF_DIST=tensorflow; KIND=gpu
-else
-  TF_REQ="tensorflow-cpu==2.15.1"; TF_DIST=tensorflow-cpu; KIND=cpu
+  TF_REQ="tensorflow[and-cuda]==$TF_VERSION"; TF_DIST=tensorflow; KIND=gpu
+elif [ "$STACK" = pinned ]; then
+  TF_REQ="tensorflow-cpu==$TF_VERSION"; TF_DIST=tensorflow-cpu; KIND=cpu
+else  # from TensorFlow 2.20 on, the plain wheel is the CPU one (CUDA comes with [and-cuda])
+  TF_REQ="tensorflow==$TF_VERSION"; TF_DIST=tensorflow; KIND=cpu
 fi
 
 # ---- 3. up to date? -----------------------------------------------------------------------------
 STAMP="$VENV/.mgpu-setup"
-want=$( { echo "$KIND"; cat requirements.txt scripts/setup.sh pyproject.toml; } | sha256sum | cut -d' ' -f1)
+want=$( { echo "$KIND $PYV"; cat "$REQ" scripts/setup.sh pyproject.toml mgpu/horovod_build.py patches/horovod-0.28.1/*.patch; } | sha256sum | cut -d' ' -f1)
 check_build() {
   local out
   out=$("$VENV/bin/horovodrun" --check-build 2>&1) || return 1
@@ -62,73 +77,48 @@ check_build() {
 # `horovodrun --check-build` ran when the stamp was written; it takes ~15 s, so not every time.
 installed_versions() {  # the versions that matter, as pip recorded them (no imports: fast)
   "$VENV/bin/python" -c 'import importlib.metadata as m, sys
-print(*(m.version(p) for p in sys.argv[1:]))' "$TF_DIST" horovod keras nbgrader papermill 2>/dev/null
+print(*(m.version(p) for p in sys.argv[1:]))' "$TF_DIST" horovod "$KERAS_DIST" nbgrader papermill 2>/dev/null
 }
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ] && [ -x "$VENV/bin/horovodrun" ] && \
-   [ "$(installed_versions)" = "2.15.1 0.28.1 2.15.0 0.9.6 2.7.0" ]; then
-  say "up to date ($VENV, $KIND build, checked by horovodrun --check-build: $LOG_DIR/horovod-check-build.txt)."
+   [ "$(installed_versions)" = "$TF_VERSION 0.28.1 $KERAS_VERSION 0.9.6 2.7.0" ]; then
+  say "up to date ($VENV, $STACK stack on Python $PYV, $KIND build, checked by horovodrun --check-build: $LOG_DIR/horovod-check-build.txt)."
   exit 0
 fi
 
-# ---- 4. the venv and the pinned stack -----------------------------------------------------------
+# ---- 4. the venv and the stack ------------------------------------------------------------------
 if [ ! -x "$VENV/bin/python" ]; then
   say "creating $VENV with $PY"
-  "$PY" -m venv "$VENV" || fail "could not create a venv with $PY: install the venv module (e.g. 'apt-get install python3.11-venv')."
+  "$PY" -m venv "$VENV" || fail "could not create a venv with $PY: install the venv module (e.g. 'apt-get install python$PYV-venv')."
 fi
 VPY="$VENV/bin/python"
 pipq install --quiet --upgrade "pip>=24" "setuptools>=69,<76" wheel
-say "installing the pinned stack ($TF_REQ; this takes a few minutes the first time)"
-grep -v -E '^(horovod|tensorflow-cpu)==' requirements.txt > "$LOG_DIR/requirements-no-horovod.txt"
+say "installing the $STACK stack for Python $PYV ($TF_REQ; this takes a few minutes the first time)"
+grep -v -E '^(horovod|tensorflow-cpu|tensorflow)==' "$REQ" > "$LOG_DIR/requirements-no-horovod.txt"
 pipq install --quiet "$TF_REQ" -r "$LOG_DIR/requirements-no-horovod.txt" \
-  || fail "pip could not install the pinned stack (see the messages above): check the network or your pip index."
+  || fail "pip could not install the $STACK stack (see the messages above): check the network or your pip index."
 # `cmake` from PyPI when the system has none (Horovod's build needs cmake >= 3.13).
 if ! command -v cmake >/dev/null 2>&1; then
   say "no cmake on PATH: installing it into $VENV from PyPI"
   pipq install --quiet "cmake>=3.13,<4"
 fi
 pipq install --quiet --no-deps -e .
-pipq check >/dev/null || { pipq check >&2; fail "the installed packages conflict (listed above): remove $VENV and run 'make setup' again; if it persists, the pins in requirements.txt need fixing."; }
+pipq check >/dev/null || { pipq check >&2; fail "the installed packages conflict (listed above): remove $VENV and run 'make setup' again; if it persists, the pins in $REQ need fixing."; }
 
-# ---- 5. Horovod 0.28.1 from source, against this TensorFlow --------------------------------------
+# ---- 5. Horovod 0.28.1 from its sdist with the course's patches, against this TensorFlow ----------
+# mgpu.horovod_build keeps the built wheel in a cache keyed by Python, TensorFlow, kind and patches
+# (MGPU_WHEEL_CACHE, default ~/.cache/mgpu/wheels): a venv made again installs it in seconds.
 hvd_version=$("$VPY" -c 'import importlib.metadata as m; print(m.version("horovod"))' 2>/dev/null || true)
-if [ "$hvd_version" != "0.28.1" ] || ! check_build; then
+if [ "$hvd_version" != "0.28.1" ] || [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$want" ] || ! check_build; then
   command -v g++ >/dev/null 2>&1 || command -v c++ >/dev/null 2>&1 \
     || fail "no C++ compiler: Horovod is built from source. Install one ('apt-get install build-essential', or 'conda install gxx_linux-64') and run 'make setup' again."
-  export HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 \
-         HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1
-  if [ "$KIND" = gpu ]; then
-    export HOROVOD_GPU_OPERATIONS=NCCL
-    # TensorFlow's CUDA wheels ship NCCL; point Horovod's build at it unless the user did.
-    nccl=$("$VPY" -c 'import nvidia.nccl, os; print(os.path.dirname(nvidia.nccl.__file__))' 2>/dev/null || true)
-    if [ -z "${HOROVOD_NCCL_HOME:-}" ] && [ -n "$nccl" ]; then export HOROVOD_NCCL_HOME="$nccl"; fi
-  else
-    # A CPU build: no GPU operations even if the shell asked for them.
-    unset HOROVOD_GPU_OPERATIONS HOROVOD_GPU_ALLREDUCE HOROVOD_GPU_BROADCAST HOROVOD_GPU_ALLGATHER
-  fi
-  say "building Horovod 0.28.1 ($KIND: Gloo$([ "$KIND" = gpu ] && echo ' + NCCL')); about 3 minutes on 2 cores, log in $LOG_DIR/horovod-build.log"
-  pipq uninstall --quiet -y horovod >/dev/null 2>&1 || true
-  if ! MAKEFLAGS="-j$(nproc)" "$VPY" -m pip install --no-build-isolation --no-cache-dir -v horovod==0.28.1 \
-        > "$LOG_DIR/horovod-build.log" 2>&1; then
-    log="$LOG_DIR/horovod-build.log"
-    if grep -qiE 'cmake.*(not found|No such file)|CMake 3\.13 or higher' "$log"; then
-      fail "Horovod build failed: cmake missing or too old. Install cmake >= 3.13 ('apt-get install cmake' or 'pip install cmake') and run 'make setup' again. Log: $log"
-    elif grep -qiE 'Python\.h: No such file' "$log"; then
-      fail "Horovod build failed: Python headers missing. Install them ('apt-get install python3.11-dev') and run 'make setup' again. Log: $log"
-    elif grep -qiE "(g\+\+|c\+\+|gcc|compiler).*not found|No CMAKE_CXX_COMPILER" "$log"; then
-      fail "Horovod build failed: no working C++ compiler. Install one ('apt-get install build-essential') and run 'make setup' again. Log: $log"
-    elif grep -qiE 'nccl' "$log" && [ "$KIND" = gpu ]; then
-      fail "Horovod build failed around NCCL. Install NCCL (or set HOROVOD_NCCL_HOME), or build for the CPU with 'MGPU_GPU=0 make setup'. Log: $log"
-    elif grep -qiE 'tensorflow' "$log" && grep -qiE 'error' "$log"; then
-      fail "Horovod build failed against TensorFlow: make sure TensorFlow 2.15.1 imports in $VENV ('$VPY -c \"import tensorflow\"') and run 'make setup' again. Log: $log"
-    fi
-    tail -n 25 "$log" >&2
-    fail "Horovod build failed (last lines above). Full log: $log"
-  fi
+  command -v patch >/dev/null 2>&1 || fail "no 'patch' program: the course patches Horovod's source. Install it ('apt-get install patch') and run 'make setup' again."
+  "$VPY" -m mgpu.horovod_build --kind "$KIND" --log "$LOG_DIR/horovod-build.log" || fail "Horovod was not installed (the line above says why)."
 fi
 
 # ---- 6. verify ------------------------------------------------------------------------------------
 check_build || { "$VENV/bin/horovodrun" --check-build >&2 || true; fail "horovodrun --check-build does not list TensorFlow and Gloo$([ "$KIND" = gpu ] && echo ' and NCCL'): see above; remove $VENV and run 'make setup' again."; }
-"$VPY" -c 'import keras, sys; sys.exit(not keras.__version__.startswith("2.15"))' \
-  || fail "Keras is not 2.15 in $VENV: Keras 3 makes Horovod silently stop all-reducing. Run '$VPY -m pip install keras==2.15.0'."
+"$VPY" -c 'import mgpu, keras, tensorflow as tf, sys  # tf.keras must be Keras 2: keras 2.x itself, or tf_keras
+sys.exit(not (tf.keras.__name__.startswith("tf_keras") or keras.__version__.startswith("2.")))' 2>/dev/null \
+  || fail "tf.keras is not the Keras 2 API in $VENV: Keras 3 makes Horovod silently stop all-reducing. Run '$VPY -m pip install $KERAS_DIST==$KERAS_VERSION'."
 echo "$want" > "$STAMP"
-say "ready: $(TF_CPP_MIN_LOG_LEVEL=1 "$VPY" -c 'import tensorflow as tf, horovod; print(f"TensorFlow {tf.__version__}, Horovod {horovod.__version__}")' 2>/dev/null) ($KIND build). Check: $LOG_DIR/horovod-check-build.txt"
+say "ready: $(TF_CPP_MIN_LOG_LEVEL=1 "$VPY" -c 'import tensorflow as tf, horovod; print(f"TensorFlow {tf.__version__}, Horovod {horovod.__version__}")' 2>/dev/null) ($STACK stack, $KIND build). Check: $LOG_DIR/horovod-check-build.txt"
