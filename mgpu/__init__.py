@@ -38,4 +38,40 @@ import os as _os
 # warnings and errors still show. Set TF_CPP_MIN_LOG_LEVEL=0 to see everything.
 _os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
 
+
+
+def _tensorflow_2_16_or_later() -> bool:
+    import importlib.metadata
+
+    for dist in ("tensorflow", "tensorflow-cpu"):
+        try:
+            version = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+        return tuple(int(p) for p in version.split(".")[:2] if p.isdigit()) >= (2, 16)
+    return False
+
+
+def _use_keras_2() -> None:
+    """On TensorFlow 2.16 and later (the current stack: Python 3.12/3.13, Colab), tf.keras is Keras 3
+    unless TF_USE_LEGACY_KERAS=1 when it is first used; Horovod 0.28.1 needs the Keras 2 API, which
+    tf_keras gives. TensorFlow 2.15 (the pinned stack) has no such switch. Import mgpu first."""
+    import sys
+
+    if not _tensorflow_2_16_or_later():
+        return
+    _os.environ["TF_USE_LEGACY_KERAS"] = "1"
+    tf = sys.modules.get("tensorflow")
+    if tf is not None:
+        # TensorFlow binds tf.keras on first use: if that happened before the flag was set, it is Keras 3.
+        if not tf.keras.__name__.startswith("tf_keras"):
+            raise ImportError(
+                f"tf.keras was used before mgpu was imported, so it is Keras 3 ({tf.keras.__name__}), which "
+                "Horovod 0.28.1 cannot average: restart the kernel and import mgpu before tensorflow "
+                "(or set TF_USE_LEGACY_KERAS=1 before importing it)."
+            )
+
+
+_use_keras_2()
+
 __version__ = "0.1.0"

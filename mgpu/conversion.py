@@ -41,10 +41,10 @@ import os
 import time
 
 import numpy as np
+
+from mgpu import callbacks, data, models  # first: on TensorFlow 2.16+ it makes tf.keras Keras 2, as Horovod needs
 import tensorflow as tf
 import horovod.tensorflow.keras as hvd  # @init
-
-from mgpu import callbacks, data, models
 
 parser = argparse.ArgumentParser(description=__doc__)
 parser.add_argument("--epochs", type=int, default=4)
@@ -254,6 +254,8 @@ import json
 import time
 
 import numpy as np
+
+import mgpu  # first: on TensorFlow 2.16+ it makes tf.keras the Keras 2 API the course uses
 import tensorflow as tf
 
 parser = argparse.ArgumentParser(description=__doc__)

@@ -1,10 +1,15 @@
-"""The pinned stack: environment.yml agrees with requirements.txt, and the installed stack is it."""
+"""The two stacks: environment.yml agrees with requirements.txt, requirements-current.txt pins a
+Keras 2 (tf_keras) of TensorFlow's own version, hardware.STACKS agrees with both files, and the
+installed stack is the one for this Python."""
 
 import importlib.metadata
+import platform
 import re
 from pathlib import Path
 
 import yaml
+
+from mgpu import hardware
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -21,8 +26,8 @@ def _pins(lines):
     return pins
 
 
-def requirement_pins():
-    return _pins((ROOT / "requirements.txt").read_text().splitlines())
+def requirement_pins(name="requirements.txt"):
+    return _pins((ROOT / name).read_text().splitlines())
 
 
 def conda_pins():
@@ -44,6 +49,27 @@ def test_keras_2_is_pinned_beside_tensorflow_2_15():
     assert pins["horovod"] == "0.28.1"
 
 
-def test_the_installed_stack_is_the_pinned_one():
-    for name, version in requirement_pins().items():
+def test_the_current_stack_pins_tf_keras_of_tensorflows_version_and_the_same_horovod():
+    pins = requirement_pins("requirements-current.txt")
+    assert pins["tensorflow"].split(".")[:2] == pins["tf_keras"].split(".")[:2]
+    assert int(pins["tensorflow"].split(".")[1]) >= 16 and "keras" not in pins
+    assert pins["horovod"] == requirement_pins()["horovod"]
+
+
+def test_hardware_stacks_agree_with_the_requirement_files():
+    for stack, name, tensorflow, keras in (("pinned", "requirements.txt", "tensorflow-cpu", "keras"),
+                                           ("current", "requirements-current.txt", "tensorflow", "tf_keras")):
+        pins, want = requirement_pins(name), hardware.STACKS[stack]
+        assert (pins[tensorflow], pins[keras], pins["horovod"]) == \
+            (want["tensorflow"], want["keras"], want["horovod"]), stack
+
+
+def test_the_installed_stack_is_the_one_for_this_python():
+    stack = hardware.stack_for(platform.python_version())
+    pins = requirement_pins("requirements.txt" if stack == "pinned" else "requirements-current.txt")
+    if hardware.in_colab():  # Colab keeps its own TensorFlow, tf_keras, numpy and plotting libraries
+        from mgpu import colab
+
+        pins = {k: v for k, v in pins.items() if k not in colab.COLAB_PROVIDES or k == "horovod"}
+    for name, version in pins.items():
         assert importlib.metadata.version(name) == version, name

@@ -33,20 +33,40 @@ def test_horovod_without_gloo_or_tensorflow():
     assert all("make setup" in p for p in found)
 
 
-def test_gpu_profile_needs_nccl_and_enough_gpus():
+def test_gpu_profile_needs_nccl_but_not_a_gpu_per_worker():
     gpu = _machine(gpus=["GPU:0", "GPU:1"])
     found = hardware.problems(gpu, "gpu", 4)
     assert any("without NCCL" in p for p in found)
-    assert any("use workers=2" in p for p in found)
+    assert not any("workers" in p for p in found)  # 4 workers on 2 GPUs run on the CPU (mgpu.launch)
 
 
 def test_wrong_python_is_reported():
-    assert any("needs 3.11" in p for p in hardware.problems(_machine(python="3.12.1"), "cpu", 2))
+    found = hardware.problems(_machine(python="3.10.12"), "cpu", 2)
+    assert any("3.11 (pinned stack) or 3.12/3.13" in p for p in found)
 
 
-def test_this_machine_is_described_with_the_pinned_stack():
+def test_the_current_stack_is_good_on_python_3_12_and_3_13_and_not_on_3_11():
+    current = {"TensorFlow": "2.20.0", "Keras": "2.20.1", "Horovod": "0.28.1"}
+    for python in ("3.12.1", "3.13.0"):
+        assert hardware.problems(_machine(python=python, versions=current), "cpu", 4) == []
+    mixed = hardware.problems(_machine(python="3.11.7", versions=current), "cpu", 4)
+    assert any("pinned stack pins 2.15.1" in p for p in mixed)
+
+
+def test_on_colab_its_own_newer_tensorflow_is_kept_but_keras_3_is_not(monkeypatch):
+    monkeypatch.setenv("COLAB_RELEASE_TAG", "release-colab-test")
+    newer = {"TensorFlow": "2.21.0", "Keras": "2.21.0", "Horovod": "0.28.1"}
+    assert hardware.problems(_machine(python="3.13.0", versions=newer), "colab", 4) == []
+    keras_3 = {"TensorFlow": "2.20.0", "Keras": "3.13.0", "Horovod": "0.28.1"}
+    found = hardware.problems(_machine(python="3.13.0", versions=keras_3), "colab", 4)
+    assert any("tf.keras is Keras 3" in p for p in found) and any("tf_keras 2.20.*" in p for p in found)
+
+
+def test_this_machine_is_described_with_its_stack():
     machine = hardware.describe_machine()
     assert machine.cores >= 1 and machine.memory_gib > 0
-    assert machine.versions["Horovod"] == hardware.PINNED["horovod"]
+    stack = hardware.STACKS[hardware.stack_for(machine.python)]
+    assert (machine.versions["TensorFlow"], machine.versions["Keras"], machine.versions["Horovod"]) == \
+        (stack["tensorflow"], stack["keras"], stack["horovod"])
     assert machine.horovod_built["TensorFlow"] and machine.horovod_built["Gloo"]
     assert hardware.detect_profile(machine) == ("gpu" if machine.gpus else "cpu")

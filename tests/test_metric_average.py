@@ -1,4 +1,5 @@
-"""Horovod's metric averaging, as notebook 04 teaches it: the logged metric is the mean over ranks."""
+"""Horovod's Keras callbacks on real workers: metric averaging (notebook 04) and the learning-rate warm-up
+(notebooks 04 and 05). On the current stack they need the course's patch to Horovod (Keras 2 backend)."""
 
 import numpy as np
 import pytest
@@ -39,3 +40,33 @@ def test_metric_average_callback_logs_the_mean_over_ranks():
     ranks = np.arange(value["size"])
     expected = [float(np.mean(10 * ranks + epoch)) for epoch in range(2)]
     assert value["seen"] == pytest.approx(expected)  # rank 0 sees the mean, not its own value
+
+
+def _warm_up_over_two_epochs():
+    import horovod.tensorflow.keras as hvd
+    import tensorflow as tf
+
+    hvd.init()
+    rates = []
+
+    class RecordRate(tf.keras.callbacks.Callback):
+        def on_train_batch_begin(self, batch, logs=None):
+            rates.append(float(tf.keras.backend.get_value(self.model.optimizer.learning_rate)))
+
+    model = tf.keras.Sequential([tf.keras.Input(shape=(2,)), tf.keras.layers.Dense(1)])
+    model.compile(hvd.DistributedOptimizer(tf.keras.optimizers.SGD(0.4)), "mse")
+    x = np.ones((16, 2), np.float32)
+    warm_up = hvd.callbacks.LearningRateWarmupCallback(initial_lr=0.4, warmup_epochs=2, steps_per_epoch=4,
+                                                       momentum_correction=False, verbose=0)
+    model.fit(x, x[:, :1], batch_size=4, epochs=3, verbose=0, callbacks=[warm_up, RecordRate()])
+    return {"rates": rates, "size": hvd.size()}
+
+
+def test_warm_up_callback_ramps_from_the_one_worker_rate_to_the_scaled_rate():
+    value = launch.run(_warm_up_over_two_epochs, 2, verbose=False).value
+    rates = np.array(value["rates"])
+    assert len(rates) == 12
+    one_worker = 0.4 / value["size"]
+    assert one_worker <= rates[0] < 1.2 * one_worker  # starts at the one-worker rate (after one step of ramp)
+    assert np.all(np.diff(rates[:8]) > 0)  # climbs batch by batch during the two warm-up epochs
+    assert rates[8:] == pytest.approx(0.4)  # then holds the scaled rate
