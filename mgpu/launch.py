@@ -8,7 +8,10 @@ Horovod's own ``horovodrun`` so a learner sees the same command they would type:
   its own ``k`` cores (local rank r: the r-th slice), so a simulated GPU is a fixed slice of the
   machine and one worker no longer gets every core: N workers can then be N times faster;
 - GPUs: one process per GPU, each worker pinned to the GPU of its local rank before TensorFlow
-  starts (see :func:`pin_gpu`).
+  starts (see :func:`pin_gpu`);
+- fewer GPUs than workers (a laptop with one or two, Colab's one): the workers run on the CPU as
+  above, with a one-line note, and single-process runs in the notebook still use the GPU
+  (see :func:`workers_use_gpus`).
 
 The launcher returns the workers' exit status and rank 0's return value, streams the workers'
 output while they run, and never leaves a worker process behind: every process it starts carries
@@ -114,6 +117,38 @@ def threads_per_worker(num_workers: int, cores: int | None = None) -> int:
         raise ValueError(f"num_workers must be at least 1, got {num_workers}")
     cores = available_cores() if cores is None else cores
     return max(1, cores // num_workers)
+
+
+def visible_gpu_count(environ: dict[str, str] | None = None) -> int:
+    """GPUs the driver lists (``nvidia-smi -L``) and CUDA_VISIBLE_DEVICES leaves visible, without
+    starting TensorFlow. 0 where there is no NVIDIA driver."""
+    environ = os.environ if environ is None else environ
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return 0
+    try:
+        listed = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=20).stdout
+    except (OSError, subprocess.SubprocessError):
+        return 0
+    count = sum(line.startswith("GPU ") for line in listed.splitlines())
+    visible = environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        chosen = [d for d in visible.split(",") if d.strip() and d.strip() != "-1"]
+        count = min(count, len(chosen))
+    return count
+
+
+def workers_use_gpus(num_workers: int, gpus: int) -> bool:
+    """One GPU per worker, never shared: with fewer GPUs than workers, the workers use the CPU."""
+    return gpus > 0 and num_workers <= gpus
+
+
+def placement_note(num_workers: int, gpus: int) -> str | None:
+    """The one line the launcher prints when workers fall back to the CPU although GPUs exist."""
+    if gpus == 0 or workers_use_gpus(num_workers, gpus):
+        return None
+    return (f"[launch] {num_workers} workers but {gpus} GPU(s) here: the workers run on the CPU over Gloo "
+            f"({threads_per_worker(num_workers)} thread(s) each); single-process runs still use the GPU.")
 
 
 def choose_gpu(local_rank: int, gpus: Sequence[Any], local_size: int | None = None) -> Any | None:
@@ -403,6 +438,11 @@ def _launch(num_workers: int, job_dir: Path, timeout: float | None, verbose: boo
     child_env.setdefault("HOROVOD_GLOO_TIMEOUT_SECONDS", str(start_timeout))
     child_env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     child_env.setdefault("PYTHONUNBUFFERED", "1")
+    gpus = visible_gpu_count(child_env)
+    note = placement_note(num_workers, gpus)
+    if note:
+        print(note, flush=True)
+        child_env["CUDA_VISIBLE_DEVICES"] = ""  # each worker then sizes its CPU threads (pin_gpu)
     # The workers import this package even when it is not installed (a fresh clone).
     package_root = str(Path(__file__).resolve().parents[1])
     child_env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, child_env.get("PYTHONPATH")) if p)

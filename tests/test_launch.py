@@ -204,3 +204,41 @@ def test_run_script_passes_arguments_and_reports_exit_status(tmp_path):
 def test_missing_script_is_a_clear_error(tmp_path):
     with pytest.raises(launch.LaunchError, match="no such script"):
         launch.run_script(tmp_path / "nope.py", 2)
+
+
+def _fake_nvidia_smi(folder: Path, gpus: int) -> Path:
+    """An nvidia-smi that lists `gpus` GPUs, as the driver's does, for a machine that has none."""
+    lines = "".join(f'echo "GPU {i}: Tesla T4 (UUID: GPU-{i:08d})"\n' for i in range(gpus))
+    smi = folder / "nvidia-smi"
+    smi.write_text(f"#!/bin/sh\n[ \"$1\" = -L ] || exit 1\n{lines}")
+    smi.chmod(0o755)
+    return folder
+
+
+def test_visible_gpus_come_from_the_driver_and_cuda_visible_devices(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", f"{_fake_nvidia_smi(tmp_path, 2)}{os.pathsep}{os.environ['PATH']}")
+    assert launch.visible_gpu_count({}) == 2
+    assert launch.visible_gpu_count({"CUDA_VISIBLE_DEVICES": "1"}) == 1
+    assert launch.visible_gpu_count({"CUDA_VISIBLE_DEVICES": ""}) == 0
+    assert launch.visible_gpu_count({"CUDA_VISIBLE_DEVICES": "-1"}) == 0
+    monkeypatch.setenv("PATH", str(tmp_path / "nowhere"))
+    assert launch.visible_gpu_count({}) == 0
+
+
+def _devices_seen():
+    import horovod.tensorflow as hvd
+    import tensorflow as tf
+
+    hvd.init()
+    total = hvd.allreduce(tf.constant([1.0]), op=hvd.Sum)
+    return {"cuda_visible": os.environ.get("CUDA_VISIBLE_DEVICES"), "total": float(total.numpy()[0])}
+
+
+def test_more_workers_than_gpus_fall_back_to_cpu_workers_with_a_note(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("PATH", f"{_fake_nvidia_smi(tmp_path, 1)}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert launch.workers_use_gpus(1, 1) and not launch.workers_use_gpus(2, 1)
+    result = launch.run(_devices_seen, 2, verbose=False)
+    assert result.value == {"cuda_visible": "", "total": 2.0}  # both workers ran, on the CPU
+    notes = [line for line in capsys.readouterr().out.splitlines() if line.startswith("[launch]")]
+    assert notes == [launch.placement_note(2, 1)] and "2 workers but 1 GPU(s)" in notes[0]
