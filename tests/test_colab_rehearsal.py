@@ -77,7 +77,8 @@ def _kernelspec(folder: Path, python: Path) -> Path:
 
 def _outputs(notebook: Path, cell_index: int) -> str:
     cell = json.loads(notebook.read_text())["cells"][cell_index]
-    return "".join(o.get("text", "") for o in cell["outputs"])
+    text = [o.get("text", "") for o in cell["outputs"]]
+    return "".join("".join(t) if isinstance(t, list) else t for t in text)
 
 
 @pytest.fixture(scope="module")
