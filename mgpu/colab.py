@@ -13,7 +13,8 @@ commit the notebooks were tested with, puts it on the import path and calls :fun
 4. runs a self-test (two workers average their ranks) and prints how long all of it took.
 
 ``python -m mgpu.colab pin [REV]`` writes the badges and the first cells, pinned to REV (default: HEAD),
-into every notebook and the README's table; a test checks that they agree and that the library at
+into every notebook and the README's table (the assessment gets the cell: its release, uploaded to
+Colab, runs in practice mode there); a test checks that they agree and that the library at
 the pinned commit is the one in the checkout.
 """
 
@@ -40,6 +41,8 @@ DRIVE_CACHE = "/content/drive/MyDrive/mgpu-course/wheels"
 #: Packages of the current stack that Colab's image already has: its own versions are kept.
 COLAB_PROVIDES = {"tensorflow", "tf_keras", "numpy", "matplotlib", "pillow", "jupyterlab", "httpx",
                   "tensorboard-plugin-profile", "horovod"}
+#: The assessment has the first cell too (its release, uploaded to Colab, runs in practice mode).
+ASSESSMENT = paths.ROOT / "assignments" / "source" / "assessment" / "assessment.ipynb"
 #: The paths whose contents the pinned commit must share with the checkout (what the cell runs).
 LIBRARY = ("mgpu", "patches", "requirements-current.txt")
 
@@ -189,18 +192,19 @@ def head_commit(rev: str = "HEAD") -> str:
 
 
 def pin(commit: str) -> list[Path]:
-    """Writes the badge and the first cell, pinned to ``commit``, into every notebook; returns them."""
+    """Writes the badge and the first cell, pinned to ``commit``, into every notebook (the assessment
+gets the cell only); returns them."""
     import nbformat
 
     from mgpu import course
 
     written = []
-    for path in course.course_notebooks():
+    for path in [*course.course_notebooks(), ASSESSMENT]:
         notebook = nbformat.read(path, as_version=4)
-        title = notebook.cells[0]
-        lines = title.source.splitlines()
-        lines = [line for line in lines if BADGE_IMAGE not in line]
-        title.source = "\n".join([lines[0], "", badge(path.name), *lines[1:]]).replace("\n\n\n", "\n\n")
+        if path != ASSESSMENT:  # the assessment's student version is not on GitHub: no badge
+            title = notebook.cells[0]
+            lines = [line for line in title.source.splitlines() if BADGE_IMAGE not in line]
+            title.source = "\n".join([lines[0], "", badge(path.name), *lines[1:]]).replace("\n\n\n", "\n\n")
         cell = next((c for c in notebook.cells if c.cell_type == "code" and c.source.startswith(CELL_MARK)), None)
         if cell is None:
             cell = nbformat.v4.new_code_cell()

@@ -19,7 +19,8 @@ def _first_code_cell(path):
 
 
 def _pins():
-    return {path.name: colab.pinned_commit(_first_code_cell(path)[1].source) for path in NOTEBOOKS}
+    return {path.name: colab.pinned_commit(_first_code_cell(path)[1].source)
+            for path in [*NOTEBOOKS, colab.ASSESSMENT]}
 
 
 @pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.stem)
@@ -31,6 +32,12 @@ def test_each_notebook_opens_with_its_badge_and_the_colab_cell(notebook):
         "the first code cell is not the Colab cell: run `python -m mgpu.colab pin`"
     readme = (ROOT / "README.md").read_text()
     assert f"| `{notebook.stem}` {colab.badge(notebook.name)} |" in readme
+
+
+def test_the_assessment_opens_with_the_colab_cell_for_practice_on_colab():
+    _, cell = _first_code_cell(colab.ASSESSMENT)
+    assert cell.source == colab.first_cell(colab.pinned_commit(cell.source) or "")
+    assert "nbgrader" not in cell.metadata  # an ordinary cell: the release keeps it, the grader ignores it
 
 
 def test_all_notebooks_pin_one_commit_whose_library_is_this_checkout():
