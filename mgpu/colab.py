@@ -210,6 +210,9 @@ gets the cell only); returns them."""
             cell = nbformat.v4.new_code_cell()
             notebook.cells.insert(1, cell)
         cell.source = first_cell(commit)
+        if path == ASSESSMENT:  # every cell of the assessment is nbgrader's; this one is locked
+            cell.metadata.update({"deletable": False, "editable": False, "nbgrader": {
+                "grade": False, "grade_id": "colab", "locked": True, "schema_version": 3, "solution": False}})
         nbformat.write(notebook, path)
         written.append(path)
     _pin_readme()

@@ -37,7 +37,7 @@ def test_each_notebook_opens_with_its_badge_and_the_colab_cell(notebook):
 def test_the_assessment_opens_with_the_colab_cell_for_practice_on_colab():
     _, cell = _first_code_cell(colab.ASSESSMENT)
     assert cell.source == colab.first_cell(colab.pinned_commit(cell.source) or "")
-    assert "nbgrader" not in cell.metadata  # an ordinary cell: the release keeps it, the grader ignores it
+    assert cell.metadata["nbgrader"]["locked"] and cell.metadata["nbgrader"]["grade_id"] == "colab"
 
 
 def test_all_notebooks_pin_one_commit_whose_library_is_this_checkout():
