@@ -160,7 +160,8 @@ def setup(course: str | os.PathLike = COLAB_HOME, drive: bool = False, verbose: 
     if wanted:
         say(f"[colab] installing {', '.join(wanted)}")
         _pip(*wanted)
-    _pip("--no-deps", "-e", str(course))
+    if _installed("mgpu") is None:  # so that new processes (workers, `!python -m mgpu...`) import it too
+        _pip("--no-deps", "-e", str(course))
     cache = Path(os.environ.get("MGPU_WHEEL_CACHE") or horovod_build.DEFAULT_CACHE)
     if drive:
         from google.colab import drive as google_drive  # type: ignore[import-not-found]
