@@ -1,13 +1,15 @@
 """A Colab rehearsal: Colab's published image rebuilt as a Python 3.13 environment, the notebooks'
-first cell run there as Colab runs it, then notebooks 00 and 04 in their smoke setting.
+first cell run there as Colab runs it, then notebooks 00 and 04 in their smoke setting and the
+assessment in practice mode.
 
 The "image" has what Colab's runtime lists (googlecolab/backend-info, 2026-08): Python 3.13, TensorFlow
 2.20.0 with Keras 3.13 and tf_keras 2.20.1, numpy 2.1, matplotlib, pillow and ipykernel; no course
 package, no Horovod. Papermill, in the course's own environment, plays Colab's frontend: it starts a
 kernel in the image with COLAB_RELEASE_TAG set, and the first cell clones this repository (in place of
 GitHub) at the pinned commit, installs what is missing on Colab's own TensorFlow, builds Horovod and
-runs its self-test. Not part of `make test` (it needs Python 3.13 and minutes): `.ci/run` runs it, then
-the Horovod-correctness tests and the other smoke notebooks inside the same image.
+runs its self-test; then the assessment runs in practice mode. Not part of `make test` (it needs
+Python 3.13 and minutes): `.ci/run` runs it, then the Horovod-correctness tests and the other smoke
+notebooks inside the same image.
 
     python -m pytest -m colab_rehearsal -s tests/test_colab_rehearsal.py
 """
@@ -23,7 +25,7 @@ from pathlib import Path
 import papermill
 import pytest
 
-from mgpu import paths
+from mgpu import colab, paths
 
 pytestmark = pytest.mark.colab_rehearsal
 ROOT = Path(__file__).resolve().parents[1]
@@ -136,6 +138,20 @@ def test_notebook_04_runs_in_smoke_after_the_setup(colab_runtime):
     record = json.loads((colab_runtime["build"] / "results" / "04_horovod.json").read_text())
     assert record["smoke"] is True and record["seed"] == 3
     print(f"[rehearsal] 04 in smoke: {seconds:.0f} s")
+
+
+def test_the_assessment_runs_in_practice_mode_on_colab(colab_runtime):
+    """Its source (the solution in place of the student's work) with its default parameters: the
+    practice profile, 2 workers, generated data; the tests in it pass and the epochs are saved."""
+    out = colab_runtime["content"] / "assessment.ipynb"
+    started = time.monotonic()
+    papermill.execute_notebook(str(colab.ASSESSMENT), str(out), kernel_name=KERNEL,
+                               cwd=str(colab_runtime["content"]), progress_bar=False)
+    assert "[colab] ready in" in _outputs(out, 1)
+    saved = _outputs(out, len(json.loads(out.read_text())["cells"]) - 1)
+    count = re.search(r"(\d+) epoch file\(s\)", saved)
+    assert count and int(count.group(1)) > 0, f"the practice run saved no epochs:\n{saved}"
+    print(f"[rehearsal] the assessment in practice mode: {time.monotonic() - started:.0f} s")
 
 
 def test_colabs_own_versions_were_kept(colab_runtime):
