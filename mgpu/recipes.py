@@ -16,8 +16,9 @@ per-epoch log as a CSV (:class:`~mgpu.callbacks.WallClockCSVLogger`) and returns
 :class:`RecipeRun` for each. :func:`time_to_target` and :func:`read_log` turn the logs into the
 lab's numbers; :func:`mgpu.plots.accuracy_vs_time` draws them.
 
-A run *diverges* when its averaged training loss stops being finite or its validation accuracy
-falls to chance; such a run is stopped at the end of that epoch on every rank at once.
+A run *diverges* when its averaged training loss stops being finite, or when its validation accuracy
+falls to chance while its training loss is no lower than a uniform guess's, ln(classes); such a run
+is stopped at the end of that epoch on every rank at once.
 """
 
 from __future__ import annotations
@@ -225,20 +226,27 @@ def divergence_sweep(recipe: Recipe, settings: Settings, seeds, log_dir: str, ep
 
 
 class _StopWhenDiverged(tf.keras.callbacks.Callback):
-    """Stop at the end of an epoch whose (worker-averaged) loss is not finite or accuracy is chance.
+    """Stop at the end of an epoch whose (worker-averaged) loss is not finite, or whose validation
+    accuracy is chance while its training loss is no better than a uniform guess.
 
-    Placed after ``MetricAverageCallback``, so every rank sees the same numbers and stops together.
+    Accuracy alone is not enough: at a high rate a run that is learning can land, at the moment an
+    epoch ends, on weights that validate at chance (05's smoke setting, 24 steps per epoch, did so
+    mid warm-up with an epoch loss near 2.0). Every collapse measured in 05 averaged at least 2.33 over
+    its epoch, above ln(10) = 2.303. Placed after ``MetricAverageCallback``, so every rank sees the
+    same numbers and stops together.
     """
 
     def __init__(self, chance: float):
         super().__init__()
         self.chance = chance
+        self.uniform_loss = math.log(1.0 / chance)
         self.diverged = False
 
     def on_epoch_end(self, epoch, logs=None):
         logs = logs or {}
         loss = logs.get("loss", math.nan)
-        if not math.isfinite(loss) or logs.get("val_accuracy", 1.0) <= self.chance + 0.02:
+        at_chance = logs.get("val_accuracy", 1.0) <= self.chance + 0.02 and loss >= self.uniform_loss
+        if not math.isfinite(loss) or at_chance:
             self.diverged = True
             self.model.stop_training = True
 

@@ -63,6 +63,22 @@ def test_time_and_epochs_to_target_read_the_log(tmp_path):
     assert recipes.time_to_target(run, 0.95) is None and recipes.epochs_to_target(run, 0.95) is None
 
 
+def test_divergence_needs_a_chance_accuracy_and_a_loss_no_better_than_a_uniform_guess():
+    def stopped(logs):
+        stop = recipes._StopWhenDiverged(chance=0.1)
+        stop.set_model(tf.keras.Sequential([tf.keras.layers.Dense(1)]))
+        stop.on_epoch_end(0, logs)
+        return stop.diverged, stop.model.stop_training
+
+    # A run that is learning (epoch loss 1.98) but validated at chance once, mid warm-up: not stopped.
+    assert stopped({"loss": 1.98, "val_accuracy": 0.121}) == (False, False)
+    # The collapses measured in 05: at chance, epoch loss above ln(10).
+    assert stopped({"loss": 2.35, "val_accuracy": 0.10}) == (True, True)
+    assert stopped({"loss": math.log(10), "val_accuracy": 0.11}) == (True, True)
+    assert stopped({"loss": math.nan, "val_accuracy": 0.8}) == (True, True)
+    assert stopped({"loss": 2.6, "val_accuracy": 0.43}) == (False, False)
+
+
 _TINY = Settings(epochs=3, batch=16, train_images=1024, val_images=200, filters=(8,), dense=32, record_steps=40)
 
 
