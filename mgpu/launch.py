@@ -286,15 +286,21 @@ def _kill_launch(popen: subprocess.Popen, launch_id: str) -> None:
 # Launching
 
 
-def horovodrun_command(num_workers: int, worker_argv: Sequence[str], start_timeout: int) -> list[str]:
-    """The horovodrun command line for ``num_workers`` local workers over Gloo."""
+def horovodrun_command(num_workers: int, worker_argv: Sequence[str], start_timeout: int,
+                       hosts: str | None = None) -> list[str]:
+    """The horovodrun command line for ``num_workers`` workers over Gloo: all on this machine, or
+    spread over ``hosts`` (``"localhost:2,127.0.0.1:2"``: this machine's names only, see :func:`run`)."""
     horovodrun = shutil.which("horovodrun", path=str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", ""))
     if horovodrun is None:
         raise LaunchError("horovodrun not found: run `make setup` (it builds Horovod into .venv)")
+    if hosts is not None:
+        from mgpu import multinode
+
+        multinode.check_local_hosts(hosts, num_workers)
     return [
         horovodrun,
         "-np", str(num_workers),
-        "-H", f"localhost:{num_workers}",
+        "-H", hosts or f"localhost:{num_workers}",
         "--gloo",
         "--start-timeout", str(start_timeout),
         *worker_argv,
@@ -421,11 +427,17 @@ def _collect(num_workers: int, job_dir: Path, returncode: int | None, output: st
 
 
 def _launch(num_workers: int, job_dir: Path, timeout: float | None, verbose: bool | str,
-            env: dict[str, str] | None, start_timeout: int) -> LaunchResult:
+            env: dict[str, str] | None, start_timeout: int, hosts: str | None = None) -> LaunchResult:
     if num_workers < 1:
         raise ValueError(f"num_workers must be at least 1, got {num_workers}")
     _Echo(verbose)  # a bad value is refused before anything starts
+    if hosts is not None and env and CORES_VARIABLE in env:
+        raise ValueError("cores_per_worker cannot be combined with hosts: the core slices follow the local "
+                         "rank, which starts again at 0 on every host")
     if os.environ.get(SPOOL_VARIABLE):
+        if hosts is not None:
+            raise LaunchError("hosts cannot be passed under the grader: its launch service runs every worker "
+                              "on the grading machine")
         if env:
             raise LaunchError(f"env={sorted(env)} cannot be passed under the grader: its launch service "
                               "starts the workers with the grader's environment")
@@ -447,7 +459,7 @@ def _launch(num_workers: int, job_dir: Path, timeout: float | None, verbose: boo
     package_root = str(Path(__file__).resolve().parents[1])
     child_env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, child_env.get("PYTHONPATH")) if p)
     command = horovodrun_command(
-        num_workers, [sys.executable, "-m", "mgpu._worker", str(job_dir)], start_timeout
+        num_workers, [sys.executable, "-m", "mgpu._worker", str(job_dir)], start_timeout, hosts
     )
 
     lines: list[str] = []
@@ -483,14 +495,18 @@ def run(fn: Callable[..., Any], num_workers: int, args: Sequence[Any] = (),
         kwargs: dict[str, Any] | None = None, *, timeout: float | None = None,
         verbose: bool | str = True, env: dict[str, str] | None = None,
         start_timeout: int = DEFAULT_START_TIMEOUT, check: bool = True,
-        cores_per_worker: int | None = None) -> LaunchResult:
+        cores_per_worker: int | None = None, hosts: str | None = None) -> LaunchResult:
     """Run ``fn(*args, **kwargs)`` on ``num_workers`` Horovod workers; return rank 0's value.
 
     ``fn`` is sent to the workers with cloudpickle, so a function defined in a notebook works.
     It should call ``hvd.init()`` itself, as a Horovod training script does. ``verbose``: True
     shows every worker's output as it comes, ``"rank0"`` only what rank 0 prints. With ``check``
     (the default) a failed run raises :class:`LaunchError` naming the failed rank. With
-    ``cores_per_worker`` (no GPU) each worker runs on its own slice of that many cores.
+    ``cores_per_worker`` (no GPU) each worker runs on its own slice of that many cores. ``hosts``
+    (horovodrun's ``-H``, e.g. ``"localhost:2,127.0.0.1:2"``) spreads the workers over several
+    host names; Horovod counts each name as a machine of its own, so two names of this machine give
+    a two-node job (notebook 06, section 6). Other machines need a folder shared with them for the
+    job's files, which this launcher does not set up: it refuses their names.
     """
     with _job_folder() as tmp:
         job_dir = Path(tmp)
@@ -499,7 +515,7 @@ def run(fn: Callable[..., Any], num_workers: int, args: Sequence[Any] = (),
         # Workers see the caller's import path, so a function importable here is importable there.
         (job_dir / "sys_path.json").write_text(json.dumps([p for p in sys.path if p]))
         result = _launch(num_workers, job_dir, timeout, verbose, _with_cores(env, cores_per_worker),
-                         start_timeout)
+                         start_timeout, hosts)
     return result.raise_for_status() if check else result
 
 
