@@ -26,7 +26,7 @@ course-check: setup
 	$(PY) -m mgpu.course --check --seeds $(or $(SEEDS),0 1)
 
 test: setup
-	$(PY) -m pytest
+	$(PY) -m pytest --durations=25
 
 # Your copies of the labs (solutions removed by nbgrader), written once: your work is never overwritten.
 lab: setup
