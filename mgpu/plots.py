@@ -774,3 +774,250 @@ def warmup_first_steps(runs: dict, name: str = "05_warmup_first_steps"):
     fig.tight_layout()
     save_figure(fig, name)
     return fig
+
+
+# ---- Notebook 06: asynchronous SGD, parameter servers, stragglers
+
+
+def async_staleness_distribution(staleness_by_workers: dict, name: str = "06_staleness"):
+    """One histogram per worker count: the fraction of applied gradients at each staleness, with
+    the measured mean and the N - 1 of Dean et al. (2012) marked."""
+    counts = sorted(staleness_by_workers)
+    fig, axes = plt.subplots(1, len(counts), figsize=(3.2 * len(counts), 2.9), squeeze=False)
+    for ax, n in zip(axes[0], counts):
+        values = np.asarray(staleness_by_workers[n], int)
+        bins = np.arange(values.max() + 2) - 0.5
+        ax.hist(values, bins=bins, weights=np.full(len(values), 1 / len(values)), color="tab:blue")
+        ax.axvline(values.mean(), color="tab:red", lw=1.5, label=f"mean {values.mean():.2f}")
+        ax.axvline(n - 1, color="k", ls="--", lw=1, label=f"N - 1 = {n - 1}")
+        ax.set_xlabel("staleness (updates)")
+        ax.set_title(f"{n} asynchronous workers", fontsize=10)
+        ax.legend(fontsize=7)
+    axes[0][0].set_ylabel("fraction of applied gradients")
+    fig.tight_layout()
+    save_figure(fig, name)
+    return fig
+
+
+def async_loss_curves(runs: dict, title: str, name: str = "06_sync_vs_async"):
+    """Full-data loss against updates (left) and wall-clock seconds (right), one line per run.
+
+    ``runs`` maps a label to ``(seconds, losses)``, both one value per update (index 0: the start).
+    A run whose loss stopped being finite ends in a cross at the top of the axis.
+    """
+    fig, (by_update, by_time) = plt.subplots(1, 2, figsize=(10, 3.8), sharey=True)
+    finite = [v for _, losses in runs.values() for v in np.asarray(losses, float) if np.isfinite(v)]
+    top = min(max(finite), 1e3 * min(finite)) if finite else 1.0
+    for i, (label, (seconds, losses)) in enumerate(runs.items()):
+        losses = np.asarray(losses, float)
+        shown = np.where(np.isfinite(losses) & (losses <= top), losses, np.nan)
+        for ax, x in ((by_update, np.arange(len(losses))), (by_time, np.asarray(seconds, float))):
+            ax.plot(x, shown, color=f"C{i}", lw=1.2, label=label)
+            if not (np.isfinite(losses[-1]) and losses[-1] <= top):
+                ax.plot(x[-1], top, "x", color=f"C{i}", ms=8)
+    by_update.set_xlabel("updates applied to the weights")
+    by_time.set_xlabel("wall-clock seconds")
+    by_update.set_ylabel("loss on all the data")
+    for ax in (by_update, by_time):
+        ax.set_yscale("log")
+        ax.set_ylim(top=top * 1.5)
+        ax.grid(alpha=0.3)
+    by_time.legend(fontsize=8)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    save_figure(fig, name)
+    return fig
+
+
+def ps_vs_ring_traffic(rows, name: str = "06_traffic"):
+    """Bytes per synchronous step on the busiest link, parameter server against ring, by worker count.
+
+    ``rows`` are :func:`mgpu.async_sgd.traffic_per_worker` dicts (one per worker count), in bytes.
+    """
+    n = np.array([r["workers"] for r in rows])
+    gradient = rows[0]["ps_worker_sends"]
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    ax.plot(n, [r["ps_server_receives"] / gradient for r in rows], "o-", color="tab:red",
+            label="parameter server: the server's link receives N x")
+    ax.plot(n, [r["ps_worker_sends"] / gradient for r in rows], "s:", color="tab:red", alpha=0.6,
+            label="parameter server: each worker sends 1 x")
+    ax.plot(n, [r["ring_worker_sends"] / gradient for r in rows], "o-", color="tab:blue",
+            label="ring all-reduce: each worker sends 2(N-1)/N x")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(n, [str(v) for v in n])
+    ax.set_xlabel("workers N")
+    ax.set_ylabel("gradients' worth of bytes per step")
+    ax.set_title("Traffic of one synchronous step", fontsize=10)
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    save_figure(fig, name)
+    return fig
+
+
+def straggler_step_times(configs: dict, name: str = "06_stragglers"):
+    """Per configuration: each rank's device time per step (bars) and the synchronous step time
+    (a black line over them), from :func:`mgpu.async_sgd.straggler_study`."""
+    labels = list(configs)
+    ranks = len(configs[labels[0]]["device_s_per_rank"])
+    width = 0.8 / ranks
+    fig, ax = plt.subplots(figsize=(8, 3.6))
+    for r in range(ranks):
+        ax.bar(np.arange(len(labels)) + (r - (ranks - 1) / 2) * width,
+               [configs[k]["device_s_per_rank"][r] * 1e3 for k in labels], width,
+               color=f"C{r}", label=f"rank {r}: device time")
+    for i, k in enumerate(labels):
+        step = configs[k]["step_s"] * 1e3
+        ax.hlines(step, i - 0.45, i + 0.45, color="k", lw=2, label="measured step time" if i == 0 else None)
+        ax.text(i, step, f"{step:.0f} ms\n{configs[k]['examples_per_s']:,.0f} ex/s", ha="center",
+                va="bottom", fontsize=8)
+    ax.set_xticks(range(len(labels)), labels, fontsize=8)
+    ax.set_ylabel("milliseconds per step")
+    ax.set_ylim(top=max(c["step_s"] for c in configs.values()) * 1e3 * 1.35)
+    ax.set_title("Synchronous SGD waits for the slowest rank", fontsize=10)
+    ax.legend(fontsize=8, loc="upper left")
+    fig.tight_layout()
+    save_figure(fig, name)
+    return fig
+
+
+# ---- Notebook 06: model and pipeline parallelism -------------------------------------------------
+
+
+def pipeline_bubble(timelines: dict, sweep: list, name: str = "06_pipeline_bubble"):
+    """Measured pipeline schedules and the bubble against the number of micro-batches.
+
+    ``timelines`` maps a panel title to ``(stages, intervals)``, each interval a
+    ``(stage, kind, micro_batch, start_s, end_s)`` tuple (kind "F" or "B"); ``sweep`` holds dicts with
+    ``stages``, ``micro_batches`` and the measured ``idle`` fraction. The last panel draws the measured
+    idle fractions as points and GPipe's (N - 1)/(M + N - 1) as lines, one colour per N.
+    """
+    fig, axes = plt.subplots(1, len(timelines) + 1, figsize=(4.6 * (len(timelines) + 1), 3.4),
+                             gridspec_kw={"width_ratios": [1.3] * len(timelines) + [1]})
+    for ax, (title, (stages, intervals)) in zip(axes, timelines.items()):
+        start = min(i[3] for i in intervals)
+        for stage, kind, micro, t0, t1 in intervals:
+            colour = plt.cm.Blues(0.35 + 0.5 * (micro % 4) / 3) if kind == "F" else plt.cm.Oranges(0.35 + 0.5 * (micro % 4) / 3)
+            ax.barh(stage, (t1 - t0) * 1e3, left=(t0 - start) * 1e3, height=0.7, color=colour, edgecolor="black", linewidth=0.3)
+        ax.set_yticks(range(stages), [f"stage {s}" for s in range(stages)])
+        ax.invert_yaxis()
+        ax.set_xlabel("milliseconds since the step began")
+        ax.set_title(title, fontsize=9)
+    from matplotlib.patches import Patch
+
+    axes[0].legend(handles=[Patch(color=plt.cm.Blues(0.6), label="forward"),
+                            Patch(color=plt.cm.Oranges(0.6), label="backward (recomputes the forward)")],
+                   fontsize=7, loc="lower right")
+    ax = axes[-1]
+    for i, n in enumerate(sorted({r["stages"] for r in sweep})):
+        rows = sorted((r for r in sweep if r["stages"] == n), key=lambda r: r["micro_batches"])
+        m = np.array([r["micro_batches"] for r in rows])
+        grid = np.geomspace(m.min(), m.max(), 100)
+        ax.plot(grid, (n - 1) / (grid + n - 1), color=f"C{i}", lw=1.2, label=f"N = {n}: (N-1)/(M+N-1)")
+        ax.plot(m, [r["idle"] for r in rows], "o", color=f"C{i}", label=f"N = {n}: measured")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(m, [str(v) for v in m])
+    ax.set_ylim(0, 1)
+    ax.set_xlabel("micro-batches M")
+    ax.set_ylabel("idle fraction of the devices")
+    ax.set_title("The bubble shrinks with M", fontsize=9)
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    save_figure(fig, name)
+    return fig
+
+
+def hybrid_parallelism(replicas: int, stages: int, micro_batches: int, name: str = "06_hybrid_parallelism"):
+    """Hybrid data + pipeline parallelism: a grid of replicas x stages devices, with what flows where."""
+    from matplotlib.patches import FancyArrowPatch, Rectangle
+
+    fig, ax = plt.subplots(figsize=(1.9 * replicas + 2.2, 1.1 * stages + 1.4))
+    for r in range(replicas):
+        for s in range(stages):
+            x, y = 1.9 * r, -1.1 * s
+            ax.add_patch(Rectangle((x, y), 1.3, 0.7, facecolor=plt.cm.tab10(s % 10), alpha=0.35, edgecolor="black"))
+            ax.text(x + 0.65, y + 0.35, f"device {r * stages + s}\nstage {s}", ha="center", va="center", fontsize=7)
+            if s + 1 < stages:
+                ax.add_patch(FancyArrowPatch((x + 0.45, y), (x + 0.45, y - 0.4), arrowstyle="-|>", mutation_scale=8,
+                                             color="tab:blue"))
+                ax.add_patch(FancyArrowPatch((x + 0.85, y - 0.4), (x + 0.85, y), arrowstyle="-|>", mutation_scale=8,
+                                             color="tab:orange"))
+        ax.text(1.9 * r + 0.65, 0.95, f"replica {r}\n1/{replicas} of the batch,\n{micro_batches} micro-batches",
+                ha="center", va="bottom", fontsize=7)
+    for s in range(stages):
+        y = -1.1 * s + 0.35
+        ax.plot([1.3, 1.9 * (replicas - 1)], [y, y], color="tab:red", ls="--", lw=1)
+    ax.plot([], [], color="tab:blue", label="activations (forward)")
+    ax.plot([], [], color="tab:orange", label="their gradients (backward)")
+    ax.plot([], [], color="tab:red", ls="--", label="all-reduce of one stage's gradients")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    ax.set_xlim(-0.2, 1.9 * replicas)
+    ax.set_ylim(-1.1 * stages + 0.9, 1.7)
+    ax.axis("off")
+    ax.set_title(f"{replicas} replicas x {stages} pipeline stages = {replicas * stages} devices", fontsize=9)
+    fig.tight_layout()
+    save_figure(fig, name)
+    return fig
+
+
+# ---- Notebook 07
+
+
+def prediction_call_times(table: dict, name: str = "07_prediction_calls"):
+    """Milliseconds per prediction call against batch size, on linear axes: ``{device: {path: {batch: s}}}``.
+
+    ``model.predict`` gets its own panel on the left: it is tens of times slower than the other paths.
+    """
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.8))
+    styles = ["-", "--", ":"]
+    for d, (device, paths) in enumerate(table.items()):
+        for path, row in paths.items():
+            batches = sorted(row)
+            ax = left if path == "model.predict" else right
+            ax.plot(batches, [row[b] * 1e3 for b in batches], styles[d % len(styles)], marker="o",
+                    label=f"{path} on {device}")
+    for ax, title in ((left, "model.predict: a fixed cost per call"),
+                      (right, "the same prediction without predict's machinery")):
+        ax.set_xlabel("batch size (samples per call)")
+        ax.set_ylabel("milliseconds per call")
+        ax.set_ylim(bottom=0)
+        ax.set_title(title, fontsize=10)
+        ax.legend(fontsize=8)
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    save_figure(fig, name)
+    return fig
+
+
+def batching_delay_tradeoff(measured: dict, predicted: dict, throughput: dict, no_batching: dict,
+                            name: str = "07_batching_delay"):
+    """Mean latency (left, log scale) and throughput (right) against the batcher's delay, one colour per rate.
+
+    ``measured``, ``predicted`` and ``throughput`` are ``{rate: {delay_ms: value}}`` (latencies in ms);
+    ``no_batching`` is ``{rate: mean latency in ms without batching}``, drawn as a dotted level.
+    """
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.8))
+    for i, rate in enumerate(sorted(measured)):
+        colour = plt.cm.viridis(i / max(1, len(measured) - 1) * 0.85)
+        delays = sorted(measured[rate])
+        left.plot(delays, [measured[rate][d] for d in delays], "-o", color=colour, label=f"{rate:.0f} req/s, measured")
+        if rate in predicted:
+            left.plot(delays, [predicted[rate][d] for d in delays], "--", color=colour, label="queueing model")
+        if rate in no_batching:
+            left.axhline(no_batching[rate], color=colour, ls=":", lw=1)
+        right.plot(delays, [throughput[rate][d] for d in delays], "-o", color=colour, label=f"{rate:.0f} req/s offered")
+    left.plot([], [], "k:", lw=1, label="no batching (same colour)")
+    left.set_yscale("log")
+    left.set_ylabel("mean latency (ms, log scale)")
+    left.set_title("Waiting adds to latency; without batching, the top load queues", fontsize=10)
+    right.set_ylabel("requests answered per second")
+    right.set_ylim(bottom=0)
+    right.set_title("Throughput: batching keeps up where one-at-a-time cannot", fontsize=10)
+    for ax in (left, right):
+        ax.set_xlabel("batcher's maximum queue delay (ms)")
+        ax.legend(fontsize=7)
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    save_figure(fig, name)
+    return fig

@@ -22,7 +22,7 @@ def _cells(number):
     return notebook, {c.metadata["nbgrader"]["grade_id"]: c for c in notebook.cells if "nbgrader" in c.metadata}
 
 
-@pytest.mark.parametrize("number", ["01", "02", "03", "04", "05"])
+@pytest.mark.parametrize("number", ["01", "02", "03", "04", "05", "06", "07"])
 def test_each_lab_has_at_least_two_exercises_each_followed_by_its_test(number):
     notebook, _ = _cells(number)
     exercises = labs.exercises(notebook)
@@ -126,6 +126,37 @@ WRONG = {
         "    out = images[:, t:t + image_size, t:t + image_size]\n"
         "    return tf.reverse(out, [2]) if tf.random.uniform(()) < 0.5 else out\n",
     ],
+    ("06", "concatenated_gradient_solution", "concatenated_gradient_tests"): [
+        # Horovod's plain average: wrong when the workers' batches differ in size.
+        "def concatenated_gradient(gradients, batch_sizes):\n"
+        "    return [np.mean([g[v] for g in gradients], axis=0) for v in range(len(gradients[0]))]\n",
+        # Weighted by the batch sizes but not divided by their total.
+        "def concatenated_gradient(gradients, batch_sizes):\n"
+        "    return [sum(b * np.asarray(g[v]) for g, b in zip(gradients, batch_sizes)) for v in range(len(gradients[0]))]\n",
+    ],
+    ("06", "twobit_quantise_solution", "twobit_quantise_tests"): [
+        # No error feedback: the residual is ignored.
+        "def twobit_quantise(values, residual, threshold):\n    z = tf.zeros_like(values)\n"
+        "    sent = tf.where(values >= threshold, z + threshold, tf.where(values <= -threshold, z - threshold, z))\n"
+        "    return sent, values - sent\n",
+        # The sign times the threshold: small values are sent too.
+        "def twobit_quantise(values, residual, threshold):\n    c = values + residual\n"
+        "    sent = tf.sign(c) * threshold\n    return sent, c - sent\n",
+    ],
+    ("07", "p99_solution", "p99_tests"): [
+        # Interpolated, not the nearest rank.
+        "def p99(latencies):\n    return float(np.percentile(np.asarray(latencies, float), 99))\n",
+        # The maximum.
+        "def p99(latencies):\n    return float(max(latencies))\n",
+        # Off by one rank.
+        "def p99(latencies):\n    l = np.sort(np.asarray(latencies, float))\n    return float(l[min(int(0.99 * l.size), l.size - 1)])\n",
+    ],
+    ("07", "best_delays_solution", "best_delays_tests"): [
+        # The delay with the largest latency.
+        "def best_delays(mean_latency):\n    return {r: max(d, key=d.get) for r, d in mean_latency.items()}\n",
+        # The smallest latency instead of its delay.
+        "def best_delays(mean_latency):\n    return {r: min(d.values()) for r, d in mean_latency.items()}\n",
+    ],
     ("05", "lars_step_solution", "lars_step_tests"): [
         # Plain SGD: no trust ratio.
         "def lars_step(w, g, lr, eta, weight_decay):\n    return -lr * (g + weight_decay * w)\n",
@@ -147,3 +178,37 @@ def test_exercise_tests_pass_the_solution_and_reject_the_stub_and_wrong_answers(
     for wrong in WRONG[exercise]:
         with pytest.raises((AssertionError, ValueError, TypeError, IndexError)):
             _run(number, solution_id, tests_id, wrong)
+
+
+def test_06_cluster_command_exercise_accepts_the_solution_and_rejects_the_stub_and_wrong_commands(tmp_path):
+    from mgpu import multinode
+
+    _, cells = _cells("06")
+    notebook, _ = _cells("06")
+    released = {c.metadata["nbgrader"]["grade_id"]: c for c in labs.release(notebook).cells if "nbgrader" in c.metadata}
+    hostfile = multinode.write_hostfile(tmp_path / "hosts", {"gpu1": 4, "gpu2": 4, "gpu3": 4})
+
+    def run(solution):
+        namespace = {"multinode": multinode, "cluster_hostfile": hostfile}
+        exec(compile(solution, "cluster_command_solution", "exec"), namespace)
+        exec(compile(cells["cluster_command_tests"].source, "cluster_command_tests", "exec"), namespace)
+
+    run(cells["cluster_command_solution"].source)
+    with pytest.raises(NotImplementedError):
+        run(released["cluster_command_solution"].source)
+    right = '["horovodrun", "-np", "12", "--hostfile", str(cluster_hostfile), "--gloo", "--network-interface", "ib0"'
+    wrong = [
+        # The untouched starting point.
+        'cluster_command = ["horovodrun", "python", "train.py"]\nrank9_host, rank9_gpu = None, None\n',
+        # One process per machine instead of per GPU.
+        'cluster_command = ' + right.replace('"12"', '"3"') + ', "python", "train.py"]\nrank9_host, rank9_gpu = "gpu3", 1\n',
+        # No network interface.
+        'cluster_command = ["horovodrun", "-np", "12", "--hostfile", str(cluster_hostfile), "--gloo", "python", '
+        '"train.py"]\nrank9_host, rank9_gpu = "gpu3", 1\n',
+        # Rank 9 counted from 1, or its GPU taken as its rank.
+        f'cluster_command = {right}, "python", "train.py"]\nrank9_host, rank9_gpu = "gpu3", 0\n',
+        f'cluster_command = {right}, "python", "train.py"]\nrank9_host, rank9_gpu = "gpu3", 9\n',
+    ]
+    for answer in wrong:
+        with pytest.raises((AssertionError, ValueError)):
+            run(answer)

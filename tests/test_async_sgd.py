@@ -1,0 +1,180 @@
+"""Notebook 06's parameter server and stragglers: the toy server's staleness accounting (the
+notebook's own cells, run here), the uneven split and its weighting on real Horovod workers, the
+traffic counts, and TensorFlow's ParameterServerStrategy in a child process that never outlives
+its call."""
+
+import os
+import threading
+import time
+
+import nbformat
+import numpy as np
+import psutil
+import pytest
+
+import mgpu  # noqa: F401  (before TensorFlow)
+import tensorflow as tf
+
+from mgpu import allreduce, async_sgd, course, launch
+
+TAG = "toy_parameter_server"
+
+
+def _toy_cells() -> list[str]:
+    notebook = next(p for p in course.course_notebooks() if p.name.startswith("06"))
+    cells = [c.source for c in nbformat.read(notebook, as_version=4).cells if TAG in c.metadata.get("tags", [])]
+    assert cells, f"{notebook.name} has no cells tagged {TAG!r}"
+    return cells
+
+
+@pytest.fixture(scope="module")
+def toy():
+    """The notebook's toy parameter server, defined by running its cells as the notebook does."""
+    x, y, _ = async_sgd.least_squares_problem(0, examples=256, features=5)
+    namespace = {"np": np, "tf": tf, "threading": threading, "time": time, "ps_x": x, "ps_y": y,
+                 "ps_setting": {"batch": 8, "device_ms": 5}}
+    for source in _toy_cells():
+        exec(compile(source, TAG, "exec"), namespace)
+    return namespace
+
+
+def test_staleness_is_the_updates_between_pull_and_push(toy):
+    server = toy["ToyParameterServer"](np.zeros(3), lr=0.5)
+    _, version_a = server.pull()
+    _, version_b = server.pull()
+    _, version_c = server.pull()
+    weights_a, version_a = server.push(np.ones(3, np.float32), version_a)     # nothing happened since: 0
+    assert version_a == 1 and np.allclose(weights_a, -0.5)
+    server.push(np.full(3, 2.0, np.float32), version_b)                       # A pushed meanwhile: 1
+    server.push(np.full(3, 4.0, np.float32), version_c)                       # A and B pushed: 2
+    server.push(np.ones(3, np.float32), version_a)                            # B and C since A's reply: 2
+    assert server.staleness == [0, 1, 2, 2]
+    assert server.version == 4 and len(server.snapshots) == 5
+    assert np.allclose(server.weights, -0.5 * (1 + 2 + 4 + 1))
+    assert server.bytes_in == 4 * 12 and server.bytes_out == 3 * 12 + 4 * 12  # 3 pulls, 4 replies
+
+
+def test_staleness_aware_rate_divides_by_the_staleness(toy):
+    server = toy["ToyParameterServer"](np.zeros(2), lr=0.6, staleness_aware=True)
+    versions = [server.pull()[1] for _ in range(4)]
+    for v in versions:
+        server.push(np.ones(2, np.float32), v)
+    assert server.staleness == [0, 1, 2, 3]
+    # rates lr / max(tau, 1): 0.6, 0.6, 0.3, 0.2
+    assert np.allclose(server.weights, -(0.6 + 0.6 + 0.3 + 0.2))
+
+
+def test_sync_server_applies_the_average_once_per_round(toy):
+    server = toy["ToySyncServer"](np.zeros(2), lr=1.0, num_workers=3)
+    replies = {}
+
+    def worker(i):
+        weights, version = server.pull()
+        replies[i] = server.push(np.full(2, float(i + 1), np.float32), version)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=10)
+    assert server.version == 1 and server.staleness == [0]
+    assert np.allclose(server.weights, -2.0)  # the mean of 1, 2 and 3
+    assert all(v == 1 and np.allclose(w, -2.0) for w, v in replies.values())
+
+
+@pytest.mark.parametrize("workers", [1, 3])
+def test_threaded_workers_mean_staleness_is_n_minus_one(toy, workers):
+    x = toy["ps_x"]
+    server = toy["run_toy"](toy["ToyParameterServer"](np.zeros(x.shape[1]), lr=0.05), workers, 150, run_seed=1)
+    assert 150 <= server.version < 150 + workers and len(server.staleness) == server.version
+    assert all(0 <= s < server.version for s in server.staleness)
+    # Each worker's stalenesses add up to the others' pushes during its run: N - 1 on average,
+    # less the first round (all workers start from version 0).
+    assert abs(np.mean(server.staleness) - (workers - 1)) <= 0.3
+    losses = async_sgd.losses_of_snapshots(np.array([w for _, w in server.snapshots]), toy["ps_x"], toy["ps_y"])
+    assert losses[-1] < losses[0] / 5
+
+
+def test_lambda_max_is_the_largest_curvature_of_the_loss():
+    x, y, lambda_max = async_sgd.least_squares_problem(3, examples=300, features=6, condition=10.0)
+    w = tf.Variable(tf.zeros(6))
+    with tf.GradientTape() as outer:
+        with tf.GradientTape() as inner:
+            loss = 0.5 * tf.reduce_mean((tf.linalg.matvec(x, w) - y) ** 2)
+        grad = inner.gradient(loss, w)
+    hessian = outer.jacobian(grad, w).numpy()
+    assert np.isclose(np.linalg.eigvalsh(hessian)[-1], lambda_max, rtol=1e-4)
+
+
+def test_losses_of_snapshots_and_histogram():
+    x = np.array([[1.0, 0.0], [0.0, 2.0]], np.float32)
+    y = np.array([1.0, 2.0], np.float32)
+    losses = async_sgd.losses_of_snapshots(np.array([[0.0, 0.0], [1.0, 1.0], [np.inf, 0.0]]), x, y)
+    assert np.allclose(losses[:2], [0.5 * (1 + 4) / 2, 0.0]) and losses[2] == np.inf
+    assert async_sgd.staleness_histogram([0, 1, 1, 3]) == {0: 0.25, 1: 0.5, 3: 0.25}
+
+
+def test_split_by_work_load():
+    assert async_sgd.split_by_work_load(64, [3, 1]) == [48, 16]
+    assert async_sgd.split_by_work_load(64, [1, 1, 1]) == [22, 21, 21]
+    for load in ([1, 2, 3], [0.3, 0.7], [5], [1, 1, 1, 1, 1, 1, 1]):
+        sizes = async_sgd.split_by_work_load(100, load)
+        assert sum(sizes) == 100
+        assert all(abs(s - 100 * l / sum(load)) < 1 for s, l in zip(sizes, load))
+    with pytest.raises(ValueError):
+        async_sgd.split_by_work_load(64, [1, 0])
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 6])
+def test_traffic_counts_match_the_ring_and_the_server(n):
+    values = 12 * n
+    _, sent = allreduce.ring_allreduce([np.ones(values, np.float32)] * n)
+    traffic = async_sgd.traffic_per_worker(n, values * 4)
+    assert np.all(sent == traffic["ring_worker_sends"])
+    assert traffic["ps_server_receives"] == traffic["ps_server_sends"] == n * values * 4
+
+
+def _straggler_job():
+    configs = [dict(name="even", slowness=[1, 1], work_load=[1, 1], weighted=False),
+               dict(name="uneven weighted", slowness=[1, 3], work_load=[3, 1], weighted=True),
+               dict(name="uneven plain", slowness=[1, 3], work_load=[3, 1], weighted=False)]
+    return async_sgd.straggler_study(configs, global_batch=32, steps=2, warmup=1, ms_per_example=0.5, seed=4)
+
+
+@pytest.mark.slow
+def test_weighted_uneven_split_equals_the_concatenated_batch_on_horovod_workers():
+    result = launch.run(_straggler_job, 2, verbose=False).value
+    configs = result["configs"]
+    assert result["size"] == 2
+    assert configs["uneven weighted"]["sizes"] == [24, 8]
+    assert configs["uneven weighted"]["device_s_per_rank"] == pytest.approx([0.012, 0.012])
+    # An even split is right with a plain average; an uneven one only when weighted.
+    assert configs["even"]["max_error_vs_concatenated"] < 1e-5
+    assert configs["uneven weighted"]["max_error_vs_concatenated"] < 1e-5
+    assert configs["uneven plain"]["max_error_vs_concatenated"] > 1e-3
+    assert all(c["step_s"] > 0 and c["examples_per_s"] > 0 for c in configs.values())
+
+
+def _children_running_ps_demo():
+    return [p for p in psutil.Process().children(recursive=True)
+            if "mgpu.async_sgd" in " ".join(p.cmdline())]
+
+
+@pytest.mark.slow
+def test_parameter_server_strategy_trains_with_weights_on_the_ps_and_leaves_nothing_running():
+    record = async_sgd.ps_strategy_demo(workers=2, steps=20, device_ms=5, seed=2)
+    assert record["variable_device"].startswith("/job:ps") and record["step_counter_device"].startswith("/job:ps")
+    assert len(record["cluster"]["worker"]) == 2 and len(record["cluster"]["ps"]) == 1
+    assert record["updates_applied"] == 20 and len(record["staleness"]) == 20
+    assert all(0 <= s < 20 for s in record["staleness"])
+    assert record["final_loss"] < record["initial_loss"]
+    assert not _children_running_ps_demo()
+
+
+@pytest.mark.slow
+def test_parameter_server_strategy_child_is_killed_on_timeout():
+    started = time.monotonic()
+    with pytest.raises(RuntimeError, match="timed out"):
+        async_sgd.ps_strategy_demo(steps=10_000, timeout=3)
+    assert time.monotonic() - started < 30
+    assert not _children_running_ps_demo()

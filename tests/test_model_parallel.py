@@ -1,0 +1,271 @@
+"""mgpu.model_parallel: micro-batches, GPipe's schedule and its bubble, the pipeline harness with
+real TensorFlow stages, and the same gradient three ways (one batch, accumulated micro-batches,
+real Horovod workers with an all-reduce)."""
+
+import threading
+
+import numpy as np
+import pytest
+
+import mgpu  # noqa: F401  (before tensorflow)
+from mgpu import launch, model_parallel as mp
+
+
+# --------------------------------------------------------------------------------------------
+# Micro-batches and the schedule
+
+
+def test_split_micro_batches_covers_the_batch_in_order_with_sizes_differing_by_at_most_one():
+    for n, m in [(256, 4), (10, 3), (7, 7), (5, 1)]:
+        parts = mp.split_micro_batches(n, m)
+        assert len(parts) == m
+        assert parts[0].start == 0 and parts[-1].stop == n
+        assert all(a.stop == b.start for a, b in zip(parts, parts[1:]))
+        sizes = [p.stop - p.start for p in parts]
+        assert max(sizes) - min(sizes) <= 1 and min(sizes) >= 1
+    with pytest.raises(ValueError):
+        mp.split_micro_batches(3, 4)
+    with pytest.raises(ValueError):
+        mp.split_micro_batches(3, 0)
+
+
+@pytest.mark.parametrize("stages", [1, 2, 3, 4, 8])
+@pytest.mark.parametrize("micro_batches", [1, 2, 5, 16])
+def test_the_gpipe_schedule_respects_dependencies_and_its_idle_fraction_is_the_bubble(stages, micro_batches):
+    schedule = mp.gpipe_schedule(stages, micro_batches)
+    when = {(s, kind, m): t for t, s, kind, m in schedule}
+    assert len(when) == len(schedule) == 2 * stages * micro_batches
+    for s in range(stages):
+        for m in range(micro_batches):
+            if s > 0:
+                assert when[(s, "F", m)] > when[(s - 1, "F", m)], "a stage runs before its input exists"
+            if s + 1 < stages:
+                assert when[(s, "B", m)] > when[(s + 1, "B", m)], "a backward runs before its gradient exists"
+            assert when[(s, "B", m)] > when[(s, "F", m)]
+    # Counted cell by cell, the idle fraction is GPipe's formula.
+    assert mp.schedule_idle_fraction(schedule, stages) == pytest.approx(mp.bubble_fraction(stages, micro_batches))
+    # The same accounting from intervals of one second per tick.
+    intervals = [mp.Interval(s, kind, m, float(t), t + 1.0) for t, s, kind, m in schedule]
+    assert mp.idle_fraction(intervals, stages) == pytest.approx(mp.bubble_fraction(stages, micro_batches))
+
+
+def test_bubble_fraction_values():
+    assert mp.bubble_fraction(1, 1) == 0
+    assert mp.bubble_fraction(2, 1) == 0.5
+    assert mp.bubble_fraction(4, 16) == pytest.approx(3 / 19)
+    assert mp.bubble_fraction(4, 1) > mp.bubble_fraction(4, 4) > mp.bubble_fraction(4, 32)
+
+
+def test_idle_fraction_counts_overlapping_work_of_one_stage_once_and_gaps_as_idle():
+    intervals = [mp.Interval(0, "F", 0, 0.0, 2.0), mp.Interval(0, "F", 1, 1.0, 3.0),  # stage 0 busy 0..3
+                 mp.Interval(1, "F", 0, 3.0, 4.0)]                                     # stage 1 busy 3..4
+    assert mp.busy_by_stage(intervals, 2) == [3.0, 1.0]
+    assert mp.idle_fraction(intervals, 2) == pytest.approx(1 - 4.0 / (2 * 4.0))
+
+
+# --------------------------------------------------------------------------------------------
+# The harness
+
+
+class _Recorder:
+    """A stage that adds its number to the value and logs what it was called with."""
+
+    def __init__(self, number, log):
+        self.number, self.log = number, log
+
+    def forward(self, m, x):
+        self.log.append((self.number, "F", m, threading.current_thread().name))
+        return x + self.number
+
+    def backward(self, m, dy):
+        self.log.append((self.number, "B", m, threading.current_thread().name))
+        return (0 if dy is None else dy) + 10 ** self.number
+
+
+@pytest.mark.parametrize("runner", [mp.run_pipeline, mp.run_sequential])
+def test_the_harness_runs_every_forward_then_backward_in_gpipe_order_and_records_each_call(runner):
+    log = []
+    stages = [_Recorder(s, log) for s in range(3)]
+    run = runner(stages, [100, 200, 300, 400])
+    assert len(run.intervals) == 2 * 3 * 4 and run.stages == 3 and run.micro_batches == 4
+    for s in range(3):
+        mine = [(kind, m) for number, kind, m, _ in log if number == s]
+        assert mine == [("F", m) for m in range(4)] + [("B", m) for m in reversed(range(4))]
+    for i in run.intervals:
+        assert i.end >= i.start >= 0
+        if i.kind == "F" and i.stage > 0:
+            before = next(j for j in run.intervals if (j.stage, j.kind, j.micro_batch) == (i.stage - 1, "F", i.micro_batch))
+            assert i.start >= before.end, "a stage started before its input was ready"
+    if runner is mp.run_pipeline:
+        assert {name for s, _, _, name in log if s == 0} != {name for s, _, _, name in log if s == 1}, \
+            "each stage runs in its own thread"
+    assert 0.0 <= run.idle_fraction < 1.0
+
+
+def test_the_pipeline_passes_values_forward_and_gradients_back():
+    seen = {}
+
+    class Last(_Recorder):
+        def forward(self, m, x):
+            seen[m] = x
+            return x
+
+    log = []
+    got_back = []
+
+    class First(_Recorder):
+        def backward(self, m, dy):
+            got_back.append((m, dy))
+            return dy
+
+    mp.run_pipeline([First(1, log), _Recorder(2, log), Last(0, log)], [10, 20])
+    assert seen == {0: 13, 1: 23}
+    assert sorted(got_back) == [(0, 1 + 100), (1, 1 + 100)]  # Last adds 10**0, the middle 10**2
+
+
+def test_an_exception_in_a_stage_is_raised_by_run_pipeline():
+    class Broken(_Recorder):
+        def forward(self, m, x):
+            raise ZeroDivisionError("stage 1 failed")
+
+    with pytest.raises(ZeroDivisionError, match="stage 1 failed"):
+        mp.run_pipeline([_Recorder(0, []), Broken(1, []), _Recorder(2, [])], [1, 2, 3], timeout=30)
+
+
+class _DenseStage:
+    """A real TensorFlow stage: one dense layer; the last one adds the loss. Re-materialises."""
+
+    def __init__(self, w, last, batch):
+        import tensorflow as tf
+
+        self.tf, self.w, self.last, self.batch = tf, tf.Variable(w), last, batch
+        self.saved, self.grad = {}, None
+
+    def _apply(self, x):
+        y = self.tf.matmul(x, self.w)
+        return y if self.last else self.tf.tanh(y)
+
+    def forward(self, m, inputs):
+        self.saved[m] = inputs
+        return self._apply(inputs[0]), inputs[1]
+
+    def backward(self, m, dy):
+        tf = self.tf
+        x, labels = self.saved.pop(m)
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            y = self._apply(x)
+            if self.last:
+                y = tf.reduce_sum(tf.nn.sparse_softmax_cross_entropy_with_logits(labels, y)) / self.batch
+        dx, dw = tape.gradient(y, [x, self.w], output_gradients=None if self.last else dy)
+        self.grad = dw if self.grad is None else self.grad + dw
+        return dx
+
+
+def test_a_pipelined_tensorflow_step_gives_the_gradient_of_the_whole_batch():
+    import tensorflow as tf
+
+    rng = np.random.default_rng(3)
+    weights = [rng.normal(size=(6, 8)).astype(np.float32), rng.normal(size=(8, 8)).astype(np.float32),
+               rng.normal(size=(8, 4)).astype(np.float32)]
+    x = rng.normal(size=(24, 6)).astype(np.float32)
+    y = rng.integers(0, 4, 24).astype(np.int32)
+    variables = [tf.Variable(w) for w in weights]
+    with tf.GradientTape() as tape:
+        h = tf.tanh(x @ variables[0])
+        h = tf.tanh(h @ variables[1])
+        loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(y, h @ variables[2]))
+    expected = tape.gradient(loss, variables)
+    for m in (1, 3, 8):
+        stages = [_DenseStage(w, i == 2, 24) for i, w in enumerate(weights)]
+        parts = [(tf.constant(x[p]), tf.constant(y[p])) for p in mp.split_micro_batches(24, m)]
+        mp.run_pipeline(stages, parts)
+        for stage, g in zip(stages, expected):
+            np.testing.assert_allclose(stage.grad.numpy(), g.numpy(), rtol=1e-5, atol=1e-6)
+    # A wrong schedule would not: dropping a micro-batch changes the gradient.
+    stages = [_DenseStage(w, i == 2, 24) for i, w in enumerate(weights)]
+    mp.run_pipeline(stages, [(tf.constant(x[p]), tf.constant(y[p])) for p in mp.split_micro_batches(24, 3)[:2]])
+    assert not np.allclose(stages[0].grad.numpy(), expected[0].numpy(), rtol=1e-3)
+
+
+# --------------------------------------------------------------------------------------------
+# Accounting
+
+
+def test_activation_values_per_example_adds_every_layer_output():
+    import tensorflow as tf
+
+    model = tf.keras.Sequential([tf.keras.Input((5,)), tf.keras.layers.Dense(3), tf.keras.layers.Dense(2)])
+    assert mp.activation_values_per_example(model) == 5
+    conv = tf.keras.Sequential([tf.keras.Input((8, 8, 1)), tf.keras.layers.Conv2D(4, 3, padding="same"),
+                                tf.keras.layers.Flatten()])
+    assert mp.activation_values_per_example(conv) == 2 * 8 * 8 * 4
+
+
+def test_hybrid_plan_numbers():
+    plan = mp.hybrid_plan(replicas=4, stages=2, micro_batches=6, batch=12, activation_values=10,
+                          parameters_by_stage=[100, 300])
+    assert plan["devices"] == 8 and plan["global_batch"] == 48 and plan["micro_batch_size"] == 2
+    assert plan["bubble_fraction"] == pytest.approx(1 / 7)
+    assert plan["bytes_between_stages_per_replica_step"] == 2 * 1 * 12 * 10 * 4
+    assert plan["bytes_allreduce_sent_per_device_max"] == pytest.approx(2 * 3 / 4 * 300 * 4)
+    assert plan["bytes_allreduce_sent_all_devices"] == pytest.approx(4 * 2 * 3 / 4 * 400 * 4)
+    assert plan["bytes_allreduce_if_pure_data_parallel_per_device"] == pytest.approx(2 * 7 / 8 * 400 * 4)
+    with pytest.raises(ValueError):
+        mp.hybrid_plan(replicas=2, stages=3, micro_batches=1, batch=4, activation_values=1, parameters_by_stage=[1, 2])
+
+
+# --------------------------------------------------------------------------------------------
+# Three ways to one gradient
+
+
+def _model(seed):
+    import tensorflow as tf
+
+    tf.keras.utils.set_random_seed(seed)
+    return tf.keras.Sequential([tf.keras.Input((12,)), tf.keras.layers.Dense(16, activation="relu"),
+                                tf.keras.layers.Dense(3)])
+
+
+def _gradient(model, x, y):
+    import tensorflow as tf
+
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(y, model(x)))
+    return [g.numpy() for g in tape.gradient(loss, model.trainable_variables)]
+
+
+def _problem():
+    rng = np.random.default_rng(5)
+    return rng.normal(size=(64, 12)).astype(np.float32), rng.integers(0, 3, 64).astype(np.int32)
+
+
+def _allreduced(seed):
+    import horovod.tensorflow as hvd
+    import tensorflow as tf
+
+    hvd.init()
+    x, y = _problem()
+    mine = mp.split_micro_batches(len(x), hvd.size())[hvd.rank()]
+    grads = _gradient(_model(seed), x[mine], y[mine])
+    return [hvd.allreduce(tf.constant(g), op=hvd.Average).numpy() for g in grads]
+
+
+@pytest.mark.slow
+def test_one_batch_accumulated_micro_batches_and_an_allreduce_give_the_same_gradient():
+    x, y = _problem()
+    model = _model(1)
+    whole = _gradient(model, x, y)
+    accumulated = [np.zeros_like(g) for g in whole]
+    for part in mp.split_micro_batches(len(x), 4):
+        share = (part.stop - part.start) / len(x)
+        accumulated = [a + share * g for a, g in zip(accumulated, _gradient(model, x[part], y[part]))]
+    reduced = launch.run(_allreduced, 4, args=(1,), verbose=False).value
+    for w, a, r in zip(whole, accumulated, reduced):
+        np.testing.assert_allclose(a, w, rtol=1e-5, atol=1e-7)
+        np.testing.assert_allclose(r, w, rtol=1e-5, atol=1e-7)
+    # Summing the parts' means without weighting them (a common slip) is 4 times too large.
+    summed = [np.zeros_like(g) for g in whole]
+    for part in mp.split_micro_batches(len(x), 4):
+        summed = [a + g for a, g in zip(summed, _gradient(model, x[part], y[part]))]
+    assert not np.allclose(summed[0], whole[0], rtol=1e-2)

@@ -1,0 +1,237 @@
+"""mgpu.serving: the load generator, latency statistics, the queueing model of batching, section 3's
+CPU-checkable pieces, and a real Triton server that starts, answers and stops leaving no process."""
+
+import math
+import os
+import signal
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import mgpu  # noqa: F401  (before tensorflow)
+from mgpu import serving
+
+
+# ---- the load generator
+
+
+def test_poisson_arrivals_have_the_rate_count_and_exponential_gaps():
+    rate, duration = 200.0, 50.0
+    times = serving.poisson_arrivals(rate, duration, np.random.default_rng(0))
+    assert np.all(np.diff(times) > 0) and times[0] >= 0 and times[-1] < duration
+    # The count is Poisson(10000): its standard deviation is 100.
+    assert abs(len(times) - rate * duration) < 400
+    gaps = np.diff(times)
+    assert math.isclose(gaps.mean(), 1 / rate, rel_tol=0.04)
+    # Exponential gaps: the standard deviation equals the mean (evenly spaced requests would give 0).
+    assert 0.9 < gaps.std() / gaps.mean() < 1.1
+    # Memoryless: about 1 - 1/e of the gaps are shorter than the mean.
+    assert abs(np.mean(gaps < 1 / rate) - (1 - math.exp(-1))) < 0.03
+    again = serving.poisson_arrivals(rate, duration, np.random.default_rng(0))
+    assert np.array_equal(times, again)
+    assert not np.array_equal(times[:50], serving.poisson_arrivals(rate, duration, np.random.default_rng(1))[:50])
+
+
+def test_poisson_arrivals_rejects_nonsense():
+    with pytest.raises(ValueError):
+        serving.poisson_arrivals(0, 1.0, np.random.default_rng(0))
+    with pytest.raises(ValueError):
+        serving.poisson_arrivals(10, -1.0, np.random.default_rng(0))
+
+
+# ---- latency statistics
+
+
+def test_percentile_is_nearest_rank():
+    assert serving.percentile(range(1, 101), 99) == 99
+    assert serving.percentile(range(1, 101), 100) == 100
+    assert serving.percentile([4.0, 1.0, 3.0, 2.0], 50) == 2.0
+    assert serving.percentile([9.0], 99) == 9.0
+    assert serving.percentile([3.0, 1.0, 2.0], 99) == 3.0
+    with pytest.raises(ValueError):
+        serving.percentile([], 50)
+    with pytest.raises(ValueError):
+        serving.percentile([1.0], 0)
+
+
+def test_latency_stats():
+    values = np.concatenate([np.ones(98), [10.0, 100.0]])
+    stats = serving.latency_stats(values)
+    assert stats == {"mean": pytest.approx(2.08), "p50": 1.0, "p99": 10.0, "max": 100.0, "count": 100}
+
+
+# ---- the queueing model
+
+
+A, C = 0.004, 0.001  # seconds per batch, seconds per request
+
+
+def test_lone_requests_pay_the_delay_and_one_batch_cost():
+    arrivals = np.arange(5) * 1.0  # far apart: each finds the server idle and alone
+    without = serving.simulate_batching(arrivals, 0.0, (A, C), max_batch=1, overhead=0.0005)
+    assert np.allclose(without.latencies, A + C + 0.0005)
+    waiting = serving.simulate_batching(arrivals, 0.010, (A, C))
+    assert np.allclose(waiting.latencies, 0.010 + A + C)
+    assert list(waiting.batch_sizes) == [1] * 5
+
+
+def test_a_delay_gathers_the_requests_that_arrive_during_it():
+    arrivals = np.array([0.0, 0.001, 0.002, 0.5])
+    run = serving.simulate_batching(arrivals, 0.005, (A, C))
+    assert list(run.batch_sizes) == [3, 1]
+    end = 0.005 + A + 3 * C
+    assert np.allclose(run.latencies[:3], end - arrivals[:3])
+    # Without a delay the first runs alone, and the next two wait for it, then go together.
+    greedy = serving.simulate_batching(arrivals, 0.0, (A, C))
+    assert list(greedy.batch_sizes) == [1, 2, 1]
+    assert np.isclose(greedy.latencies[1], (A + C) + (A + 2 * C) - 0.001)
+
+
+def test_a_full_batch_starts_before_the_delay_and_batches_never_exceed_the_maximum():
+    arrivals = np.linspace(0, 0.001, 10)
+    run = serving.simulate_batching(arrivals, 1.0, (A, C), max_batch=4)
+    assert list(run.batch_sizes) == [4, 4, 2]
+    assert run.latencies[3] == pytest.approx(A + 4 * C)  # the fourth filled the batch: it did not wait
+    assert run.latencies[-1] > 1.0  # the last two waited for the delay
+
+
+def test_without_batching_the_model_is_the_md1_queue():
+    # Pollaczek-Khinchine for deterministic service S at load rho: mean time in system S + rho S / (2 (1 - rho)).
+    service, rate = 0.004, 150.0
+    rho = rate * service
+    arrivals = serving.poisson_arrivals(rate, 2000.0, np.random.default_rng(3))
+    run = serving.simulate_batching(arrivals, 0.0, (service, 0.0), max_batch=1)
+    expected = service + rho * service / (2 * (1 - rho))
+    assert math.isclose(run.latencies.mean(), expected, rel_tol=0.03)
+    assert math.isclose(run.throughput, rate, rel_tol=0.03)
+
+
+def test_batching_keeps_up_where_one_at_a_time_cannot():
+    arrivals = serving.poisson_arrivals(400.0, 20.0, np.random.default_rng(4))  # 1.6x one-at-a-time capacity
+    alone = serving.simulate_batching(arrivals, 0.0, (A, C), max_batch=1)
+    batched = serving.simulate_batching(arrivals, 0.002, (A, C))
+    assert alone.throughput < 1 / (A + C) * 1.01
+    assert batched.throughput > 390
+    assert batched.latencies.mean() < 0.05 < alone.latencies.mean()
+    assert batched.mean_batch > 2
+
+
+def test_simulate_batching_rejects_unordered_arrivals():
+    with pytest.raises(ValueError):
+        serving.simulate_batching([0.0, 1.0, 0.5], 0.0, (A, C))
+
+
+def test_fit_batch_cost_recovers_a_line():
+    sizes = [1, 8, 32, 64]
+    a, c = serving.fit_batch_cost(sizes, [0.003 + 0.0002 * b for b in sizes])
+    assert a == pytest.approx(0.003) and c == pytest.approx(0.0002)
+    with pytest.raises(ValueError):
+        serving.fit_batch_cost([4, 4], [1.0, 1.0])
+
+
+# ---- section 3, the parts a CPU can check
+
+
+def test_tensor_core_sizes_pair_each_multiple_of_8_with_its_neighbour():
+    assert serving.tensor_core_sizes([1024, 64]) == [(1024, True), (1023, False), (64, True), (63, False)]
+    with pytest.raises(ValueError):
+        serving.tensor_core_sizes([1000 + 1])
+
+
+def test_loss_scaled_scales_the_loss_and_unscales_the_gradients():
+    import tensorflow as tf
+
+    wrapped = serving.loss_scaled(tf.keras.optimizers.SGD(0.1))
+    assert isinstance(wrapped, tf.keras.mixed_precision.LossScaleOptimizer) and wrapped.dynamic
+    scale = float(wrapped.loss_scale)
+    assert scale > 1
+    assert float(wrapped.get_scaled_loss(tf.constant(2.0))) == pytest.approx(2.0 * scale)
+    gradient = tf.constant([1e-6, 3.0])
+    (back,) = wrapped.get_unscaled_gradients([gradient * scale])
+    assert np.allclose(back.numpy(), gradient.numpy())
+    # minimize() scales and unscales inside: a float32 weight moves as plain SGD moves it.
+    weight = tf.Variable([1.0, -1.0])
+    wrapped.minimize(lambda: tf.reduce_sum(weight ** 2) / 2, [weight])
+    assert np.allclose(weight.numpy(), [0.9, -0.9])
+
+
+# ---- a real server
+
+
+@pytest.fixture(scope="module")
+def saved_model(tmp_path_factory):
+    import tensorflow as tf
+
+    tf.keras.utils.set_random_seed(0)
+    model = tf.keras.Sequential([tf.keras.Input(shape=(6,)), tf.keras.layers.Dense(3)])
+    path = tmp_path_factory.mktemp("served") / "tiny.keras"
+    model.save(path)
+    return path, model
+
+
+needs_triton = pytest.mark.skipif(serving.triton_unavailable_reason() is not None,
+                                  reason=str(serving.triton_unavailable_reason()))
+
+
+def test_triton_unavailable_reason_names_what_is_missing():
+    import importlib.util
+
+    reason = serving.triton_unavailable_reason()
+    if int(np.__version__.split(".")[0]) >= 2:
+        assert "NumPy" in reason
+    elif importlib.util.find_spec("pytriton") is None:
+        assert "not installed" in reason
+    else:
+        assert reason is None, reason
+
+
+def _pytriton_blocks(pid):
+    return list(Path("/dev/shm").glob(f"pytrtion{pid}-*"))
+
+
+@pytest.mark.slow
+@needs_triton
+def test_a_real_server_answers_batches_and_stops_leaving_no_process(saved_model, tmp_path):
+    path, model = saved_model
+    x = np.random.default_rng(0).normal(size=(16, 6)).astype("float32")
+    server = serving.TritonServer(path, delays_ms=[0.0, 5.0], max_batch=8, log_path=tmp_path / "triton.log")
+    with server:
+        child = server._process.pid
+        pids = server.pids()
+        assert len(pids) >= 3  # the child, Triton, and a stub per model
+        assert np.allclose(serving.infer(server.url, serving.model_name(5.0), x[:4]), model(x[:4]).numpy(), atol=1e-5)
+        before = server.stats()
+        # 24 requests in 24 ms to the 5 ms batcher: it must gather several into each batch.
+        run = serving.send_load(server.url, serving.model_name(5.0), np.linspace(0, 0.024, 24), x)
+        after = server.stats()
+        assert run.errors == 0 and len(run.latencies) == 24 and np.all(run.latencies > 0)
+        batches, answered = serving.batches_between(before, after, serving.model_name(5.0))
+        assert answered == 24 and batches < 24
+        alone = serving.send_load(server.url, serving.NO_BATCHING, np.linspace(0, 0.01, 5), x)
+        assert alone.errors == 0
+        assert serving.batches_between(after, server.stats(), serving.NO_BATCHING) == (5, 5)
+        assert serving.busy_seconds(before, after, serving.model_name(5.0)) > 0
+    assert serving.alive(pids) == []
+    assert not _pytriton_blocks(child)
+    assert "serving" in (tmp_path / "triton.log").read_text()
+
+
+@pytest.mark.slow
+@needs_triton
+def test_a_server_whose_child_dies_still_leaves_no_process(saved_model):
+    path, _ = saved_model
+    server = serving.TritonServer(path, delays_ms=[0.0])
+    with server:
+        pids = server.pids()
+        os.kill(server._process.pid, signal.SIGKILL)  # Triton and its stubs are orphaned
+    assert serving.alive(pids) == []
+    assert server._workdir is None or not Path(server._workdir).exists()
+
+
+@pytest.mark.slow
+def test_a_server_that_cannot_start_raises_with_its_log_and_leaves_nothing(tmp_path):
+    server = serving.TritonServer(tmp_path / "missing.keras", delays_ms=[0.0])
+    with pytest.raises(serving.ServerError, match="exited with code"):
+        server.start()
+    assert serving.alive(server.pids()) == []
