@@ -22,7 +22,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -31,6 +30,9 @@ from pathlib import Path
 from typing import Sequence
 
 import numpy as np
+
+from mgpu import launch
+from mgpu.allreduce import ring_traffic_fraction
 
 
 # --------------------------------------------------------------------------------------------
@@ -85,11 +87,9 @@ def traffic_per_worker(num_workers: int, gradient_bytes: int) -> dict[str, float
     return {
         "workers": n,
         "ps_worker_sends": g,
-        "ps_worker_receives": g,
         "ps_server_receives": n * g,
         "ps_server_sends": n * g,
-        "ring_worker_sends": 2 * (n - 1) / n * g,
-        "ring_worker_receives": 2 * (n - 1) / n * g,
+        "ring_worker_sends": ring_traffic_fraction(n) * g,
     }
 
 
@@ -204,19 +204,13 @@ def straggler_study(configs: Sequence[dict], *, global_batch: int = 64, steps: i
 # TensorFlow's parameter-server training, in a child process
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("localhost", 0))
-        return s.getsockname()[1]
-
-
 def _ps_strategy_child(config: dict) -> dict:
     """In a fresh process: a cluster of ``tf.distribute.Server``s, then the coordinator's training."""
     import tensorflow as tf
 
     started = time.perf_counter()
-    spec = {"worker": [f"localhost:{_free_port()}" for _ in range(config["workers"])],
-            "ps": [f"localhost:{_free_port()}" for _ in range(config["ps"])]}
+    spec = {"worker": [f"localhost:{launch.free_port()}" for _ in range(config["workers"])],
+            "ps": [f"localhost:{launch.free_port()}" for _ in range(config["ps"])]}
     cluster = tf.train.ClusterSpec(spec)
     worker_config = tf.compat.v1.ConfigProto(inter_op_parallelism_threads=4, intra_op_parallelism_threads=1)
     # Every task is a gRPC server listening on its own localhost port; here they share one process.

@@ -132,8 +132,7 @@ def train_with_compressors(variants: dict[str, Callable[[list], list]], *, train
         for name, factory in variants.items():
             model = models.mlp(dataset.x_train.shape[1:], dataset.num_classes, hidden=hidden, seed=seed)
             variables = model.trainable_variables
-            for v in variables:
-                v.assign(hvd.broadcast(v, root_rank=0))
+            hvd.broadcast_variables(model.variables, root_rank=0)
             compressors = [Measured(c) for c in factory(variables)]
             if len(compressors) != len(variables):
                 raise ValueError(f"variant {name!r}: {len(compressors)} compressors for {len(variables)} tensors")

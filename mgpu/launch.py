@@ -30,6 +30,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -101,6 +102,13 @@ class LaunchResult:
 
 # --------------------------------------------------------------------------------------------
 # Devices: threads per worker on CPU, one GPU per local rank otherwise
+
+
+def free_port() -> int:
+    """A TCP port on this machine that nothing listens on now (for a server a lab starts)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def available_cores() -> int:
@@ -289,14 +297,10 @@ def _kill_launch(popen: subprocess.Popen, launch_id: str) -> None:
 def horovodrun_command(num_workers: int, worker_argv: Sequence[str], start_timeout: int,
                        hosts: str | None = None) -> list[str]:
     """The horovodrun command line for ``num_workers`` workers over Gloo: all on this machine, or
-    spread over ``hosts`` (``"localhost:2,127.0.0.1:2"``: this machine's names only, see :func:`run`)."""
+    spread over ``hosts`` (``"localhost:2,127.0.0.1:2"``, checked by :func:`_launch`)."""
     horovodrun = shutil.which("horovodrun", path=str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", ""))
     if horovodrun is None:
         raise LaunchError("horovodrun not found: run `make setup` (it builds Horovod into .venv)")
-    if hosts is not None:
-        from mgpu import multinode
-
-        multinode.check_local_hosts(hosts, num_workers)
     return [
         horovodrun,
         "-np", str(num_workers),
@@ -431,9 +435,13 @@ def _launch(num_workers: int, job_dir: Path, timeout: float | None, verbose: boo
     if num_workers < 1:
         raise ValueError(f"num_workers must be at least 1, got {num_workers}")
     _Echo(verbose)  # a bad value is refused before anything starts
-    if hosts is not None and env and CORES_VARIABLE in env:
-        raise ValueError("cores_per_worker cannot be combined with hosts: the core slices follow the local "
-                         "rank, which starts again at 0 on every host")
+    if hosts is not None:
+        from mgpu import multinode
+
+        if env and CORES_VARIABLE in env:
+            raise ValueError("cores_per_worker cannot be combined with hosts: the core slices follow the local "
+                             "rank, which starts again at 0 on every host")
+        multinode.check_local_hosts(hosts, num_workers)
     if os.environ.get(SPOOL_VARIABLE):
         if hosts is not None:
             raise LaunchError("hosts cannot be passed under the grader: its launch service runs every worker "

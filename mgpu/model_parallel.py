@@ -36,6 +36,8 @@ from typing import Any, Callable, Protocol, Sequence
 
 import numpy as np
 
+from mgpu.allreduce import ring_traffic_fraction
+
 __all__ = ["split_micro_batches", "activation_values_per_example", "bubble_fraction", "gpipe_schedule", "schedule_idle_fraction",
            "Interval", "PipelineRun", "run_pipeline", "run_sequential", "idle_fraction", "busy_by_stage", "hybrid_plan"]
 
@@ -274,7 +276,7 @@ def hybrid_plan(*, replicas: int, stages: int, micro_batches: int, batch: int,
         raise ValueError(f"parameters_by_stage has {len(parameters_by_stage)} entries for {stages} stages")
     boundaries = stages - 1
     between_stages = 2 * boundaries * batch * activation_values * bytes_per_value  # forward + backward
-    per_device_allreduce = [2 * (replicas - 1) / replicas * p * bytes_per_value for p in parameters_by_stage]
+    per_device_allreduce = [ring_traffic_fraction(replicas) * p * bytes_per_value for p in parameters_by_stage]
     return {
         "devices": replicas * stages,
         "replicas": replicas,
@@ -286,6 +288,6 @@ def hybrid_plan(*, replicas: int, stages: int, micro_batches: int, batch: int,
         "bytes_between_stages_per_replica_step": between_stages,
         "bytes_allreduce_sent_per_device_max": max(per_device_allreduce),
         "bytes_allreduce_sent_all_devices": replicas * sum(per_device_allreduce),
-        "bytes_allreduce_if_pure_data_parallel_per_device": 2 * (replicas * stages - 1) / (replicas * stages)
+        "bytes_allreduce_if_pure_data_parallel_per_device": ring_traffic_fraction(replicas * stages)
         * sum(parameters_by_stage) * bytes_per_value,
     }

@@ -42,32 +42,32 @@ def _parse(hosts: str | None, hostfile: str | os.PathLike | None):
 
     if (hosts is None) == (hostfile is None):
         raise ValueError("give either hosts ('host1:4,host2:4') or a hostfile, not both or neither")
+    if hostfile is not None and not Path(hostfile).read_text().strip():
+        raise ValueError(f"{hostfile} lists no host: write one 'host slots=N' line per machine")
     try:
         if hostfile is not None:
-            text = Path(hostfile).read_text()
-            if not text.strip():
-                raise ValueError(f"{hostfile} lists no host: write one 'host slots=N' line per machine")
             return hvd_hosts.parse_hosts(hvd_hosts.parse_host_files(str(hostfile)))
         return hvd_hosts.parse_hosts(hosts)
     except (IndexError, ValueError) as error:
-        if "lists no host" in str(error):
-            raise
         raise ValueError(f"cannot read the hosts {hosts or hostfile!s}: {error or 'bad syntax'}; "
                          "write them as host:slots,host:slots (or 'host slots=N' lines in a file)") from None
 
 
-def slots(hosts: str | None = None, hostfile: str | os.PathLike | None = None, np: int | None = None):
-    """Horovod's assignment of ``np`` ranks (default: every slot) to the hosts: one SlotInfo per rank
-    with ``hostname``, ``rank``, ``local_rank``, ``cross_rank``, ``size``, ``local_size``, ``cross_size``."""
+def _assign(parsed, np: int | None):
     from horovod.runner.common.util import hosts as hvd_hosts
 
-    parsed = _parse(hosts, hostfile)
     available = sum(h.slots for h in parsed)
     np = available if np is None else np
     if not 1 <= np <= available:
         raise ValueError(f"-np {np} asks for more processes than the {available} slots the hosts offer: "
                          "add hosts or slots, or lower -np")
     return hvd_hosts.get_host_assignments(parsed, np, np)
+
+
+def slots(hosts: str | None = None, hostfile: str | os.PathLike | None = None, np: int | None = None):
+    """Horovod's assignment of ``np`` ranks (default: every slot) to the hosts: one SlotInfo per rank
+    with ``hostname``, ``rank``, ``local_rank``, ``cross_rank``, ``size``, ``local_size``, ``cross_size``."""
+    return _assign(_parse(hosts, hostfile), np)
 
 
 def slot_rows(assignment) -> list[dict]:
@@ -178,4 +178,4 @@ def check_local_hosts(hosts: str, num_workers: int) -> None:
         raise ValueError(f"{', '.join(foreign)}: not this machine. The course's launcher runs workers on this "
                          "machine's names only (localhost, 127.0.0.1); start a job on other machines with the "
                          "horovodrun command of notebook 06, section 6")
-    slots(hosts, None, num_workers)
+    _assign(parsed, num_workers)

@@ -30,7 +30,6 @@ import math
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import sysconfig
@@ -44,6 +43,8 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 import numpy as np
+
+from mgpu import launch
 
 NO_BATCHING = "no_batching"
 
@@ -193,12 +194,6 @@ def model_name(delay_ms: float | None) -> str:
     return f"delay_{int(round(delay_ms * 1000))}us"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _library_path_with_libpython(env: dict) -> str:
     """LD_LIBRARY_PATH with this interpreter's own libpython first.
 
@@ -310,7 +305,7 @@ class TritonServer:
         self._workdir = tempfile.mkdtemp(prefix="mgpu-triton-")
         if self.log_path is None:
             self.log_path = str(Path(self._workdir) / "server.log")
-        self.port = self.port or _free_port()
+        self.port = self.port or launch.free_port()
         env = dict(os.environ)
         env["LD_LIBRARY_PATH"] = _library_path_with_libpython(env)
         env["PYTHONUNBUFFERED"] = "1"
@@ -318,7 +313,7 @@ class TritonServer:
         command = [sys.executable, "-m", "mgpu.serving", "serve", "--model", str(self.model_path),
                    "--delays-ms", ",".join(repr(float(d)) for d in self.delays_ms),
                    "--max-batch", str(self.max_batch), "--http-port", str(self.port),
-                   "--grpc-port", str(_free_port()), "--metrics-port", str(_free_port()),
+                   "--grpc-port", str(launch.free_port()), "--metrics-port", str(launch.free_port()),
                    "--workspace", str(Path(self._workdir) / "workspace")]
         if self.threads:
             command += ["--threads", str(self.threads)]

@@ -1,6 +1,6 @@
 """mgpu.compression: 2-bit packing, byte counts, the Measured wrapper, and training with per-tensor
-compressors on real Horovod workers. The 2-bit compressor with error feedback written here is the
-same design as notebook 06's (one instance per gradient tensor, holding its residual)."""
+compressors on real Horovod workers. The 2-bit compressors are notebook 06's own, taken from its cells
+(one instance per gradient tensor with error feedback, holding its residual)."""
 
 import math
 
@@ -52,36 +52,20 @@ def test_wire_bytes_per_scheme():
 
 
 def _compressors():
+    """Notebook 06's 2-bit compressors, without and with error feedback, defined by running its cells."""
+    import nbformat
     import tensorflow as tf
-    from horovod.tensorflow.compression import Compressor
 
-    def quantise(values, residual, t):
-        corrected = values + residual
-        zero = tf.zeros_like(corrected)
-        sent = tf.where(corrected >= t, zero + t, tf.where(corrected <= -t, zero - t, zero))
-        return sent, corrected - sent
+    from mgpu import course
 
-    class TwoBit(Compressor):
-        def __init__(self, t):
-            self.t = t
-
-        def compress(self, tensor):
-            return quantise(tensor, tf.zeros_like(tensor), self.t)[0], None
-
-        def decompress(self, tensor, ctx):
-            return tensor
-
-    class TwoBitErrorFeedback(TwoBit):
-        def __init__(self, t, variable):
-            super().__init__(t)
-            self.residual = tf.Variable(tf.zeros(variable.shape, variable.dtype), trainable=False)
-
-        def compress(self, tensor):
-            sent, residual = quantise(tensor, self.residual, self.t)
-            self.residual.assign(residual)
-            return sent, None
-
-    return TwoBit, TwoBitErrorFeedback
+    notebook = next(p for p in course.course_notebooks() if p.name.startswith("06"))
+    cells = nbformat.read(notebook, as_version=4).cells
+    quantise = next(c.source for c in cells if c.metadata.get("nbgrader", {}).get("grade_id") == "twobit_quantise_solution")
+    classes = next(c.source for c in cells if "class TwoBitErrorFeedback" in c.source)
+    namespace = {"tf": tf, "np": np, "compression": compression, "__name__": "notebook06_compressors"}
+    exec(compile(quantise, "twobit_quantise_solution", "exec"), namespace)
+    exec(compile(classes, "compressors", "exec"), namespace)
+    return namespace["TwoBitCompressor"], namespace["TwoBitErrorFeedback"]
 
 
 def test_measured_two_bit_error_feedback_round_trip_and_the_sent_sum_follows_the_true_sum():

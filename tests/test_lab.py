@@ -3,7 +3,6 @@
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -12,14 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from mgpu import launch
+
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
-
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_jupyterlab_serves_the_learners_copies_of_the_labs(tmp_path):
@@ -31,7 +26,7 @@ def test_jupyterlab_serves_the_learners_copies_of_the_labs(tmp_path):
     jupyter = Path(sys.executable).with_name("jupyter")
     if not jupyter.exists():
         jupyter = Path(shutil.which("jupyter"))
-    port, token = _free_port(), "course-test-token"
+    port, token = launch.free_port(), "course-test-token"
     command = [str(jupyter), "lab", "--no-browser", f"--port={port}", "--ip=127.0.0.1",
                f"--IdentityProvider.token={token}", f"--notebook-dir={lab_dir}"]
     if os.geteuid() == 0:
