@@ -111,6 +111,7 @@ def missing_requirements(course: Path) -> list[str]:
         if not line:
             continue
         name, _, version = line.partition("==")
+        name = name.split("[")[0]  # ray[serve]: the distribution is ray
         if name.lower() not in COLAB_PROVIDES and _installed(name) != version:
             wanted.append(line)
     return wanted

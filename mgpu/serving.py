@@ -9,11 +9,16 @@ batching, and an inference server that starts and stops from a notebook without 
 - :func:`simulate_batching` is the queueing model: Poisson arrivals, one model instance, a batch
   service time ``a + c * batch``, and a batcher that starts a batch when the instance is free and
   its oldest request has waited ``delay`` (or ``max_batch`` requests wait).
-- :class:`TritonServer` runs NVIDIA Triton (through the ``nvidia-pytriton`` package) in a child
-  process serving a saved Keras model under one name per batching delay. The child has its own
+- :class:`InferenceServer` serves a saved Keras model under one name per batching delay, in a child
+  process, with one of two real servers that batch requests dynamically (:func:`pick_backend`):
+  NVIDIA Triton through the ``nvidia-pytriton`` package (its dynamic batcher's maximum queue
+  delay), or, where Triton cannot run (``nvidia-pytriton`` 0.7.0 needs NumPy 1, so not on the
+  current stack or Colab), Ray Serve's ``@serve.batch`` (its ``batch_wait_timeout_s``). Both speak
+  the same HTTP protocol (KServe v2: ``/v2/models/<name>/infer``, ``ready`` and ``stats``), so the
+  load generator and the statistics below do not care which one runs. The child has its own
   process group; stopping it (always, from ``__exit__``, ``atexit`` or the child noticing that its
-  parent died) ends the child, Triton and Triton's Python-backend stubs, and :meth:`TritonServer.pids`
-  lets a test check that none is left.
+  parent died) ends the child and everything it started (Triton and its Python-backend stubs, or
+  Ray's daemons and actors), and :meth:`InferenceServer.pids` lets a test check that none is left.
 - :func:`tensor_core_sizes` and :func:`loss_scaled` are section 3's two CPU-checkable pieces of the
   float16 code (which only runs on a GPU).
 
@@ -187,6 +192,36 @@ def triton_unavailable_reason() -> str | None:
     return None
 
 
+def ray_unavailable_reason() -> str | None:
+    """Why Ray Serve cannot serve here, or None when it can."""
+    import importlib.util
+
+    if importlib.util.find_spec("ray") is None or importlib.util.find_spec("ray.serve") is None:
+        return "Ray Serve is not installed (pip install 'ray[serve]==2.60.0', in the current stack's requirements)"
+    return None
+
+
+BACKENDS = ("triton", "ray")
+
+
+def pick_backend(backend: str = "auto") -> tuple[str | None, str]:
+    """The server section 2 uses, and why: ``(backend, reason)``, or ``(None, why neither can run)``.
+
+    ``"auto"`` prefers Triton, the server the section is written around, and takes Ray Serve where
+    Triton cannot run; naming a backend insists on it.
+    """
+    reasons = {"triton": triton_unavailable_reason(), "ray": ray_unavailable_reason()}
+    if backend not in ("auto",) + BACKENDS:
+        raise ValueError(f"unknown serving backend {backend!r}: use 'auto', 'triton' or 'ray'")
+    if backend != "auto":
+        return (None, reasons[backend]) if reasons[backend] else (backend, f"{backend} was asked for")
+    if reasons["triton"] is None:
+        return "triton", "NVIDIA Triton can run here"
+    if reasons["ray"] is None:
+        return "ray", f"Triton cannot run here ({reasons['triton']}), so Ray Serve's @serve.batch batches instead"
+    return None, f"Triton cannot run here ({reasons['triton']}) and {reasons['ray']}"
+
+
 def model_name(delay_ms: float | None) -> str:
     """The name a batching delay is served under (None: no batching)."""
     if delay_ms is None:
@@ -248,14 +283,16 @@ class ServerError(RuntimeError):
 
 
 @dataclass
-class TritonServer:
-    """NVIDIA Triton serving a saved Keras model, one model name per batching delay.
+class InferenceServer:
+    """A real inference server serving a saved Keras model, one model name per batching delay.
 
-    ``delays_ms`` are the dynamic batcher's maximum queue delays (milliseconds); each is served as
-    :func:`model_name(delay) <model_name>` with batches of up to ``max_batch``, and the same model
-    without batching as ``"no_batching"``. Use it as a context manager::
+    ``delays_ms`` are the batcher's delays (milliseconds: Triton's maximum queue delay, Ray Serve's
+    ``batch_wait_timeout_s``); each is served as :func:`model_name(delay) <model_name>` with batches
+    of up to ``max_batch`` rows, and the same model one request at a time as ``"no_batching"``.
+    ``backend`` is ``"triton"``, ``"ray"`` or ``"auto"`` (:func:`pick_backend`). Use it as a
+    context manager::
 
-        with TritonServer(path, delays_ms=[0, 2]) as server:
+        with InferenceServer(path, delays_ms=[0, 2]) as server:
             latencies = send_load(server.url, model_name(2), ...)
 
     ``threads`` caps TensorFlow's threads in the server (None: TensorFlow's default).
@@ -269,6 +306,7 @@ class TritonServer:
     stop_timeout: float = 20.0
     log_path: str | os.PathLike | None = None
     port: int = 0
+    backend: str = "auto"
     _process: subprocess.Popen | None = field(default=None, repr=False)
     _seen: dict = field(default_factory=dict, repr=False)
     _workdir: str | None = field(default=None, repr=False)
@@ -298,11 +336,15 @@ class TritonServer:
         except (OSError, TypeError):
             return "(no log)"
 
-    def start(self) -> "TritonServer":
+    def start(self) -> "InferenceServer":
         if self._process is not None:
             raise RuntimeError("the server is already started")
+        backend, why = pick_backend(self.backend)
+        if backend is None:
+            raise ServerError(f"no inference server can run here: {why}")
+        self.backend = backend
         begin = time.perf_counter()
-        self._workdir = tempfile.mkdtemp(prefix="mgpu-triton-")
+        self._workdir = tempfile.mkdtemp(prefix=f"mgpu-{backend}-")
         if self.log_path is None:
             self.log_path = str(Path(self._workdir) / "server.log")
         self.port = self.port or launch.free_port()
@@ -310,7 +352,7 @@ class TritonServer:
         env["LD_LIBRARY_PATH"] = _library_path_with_libpython(env)
         env["PYTHONUNBUFFERED"] = "1"
         env["TMPDIR"] = self._workdir  # where Triton copies each model's files while it is loaded
-        command = [sys.executable, "-m", "mgpu.serving", "serve", "--model", str(self.model_path),
+        command = [sys.executable, "-m", "mgpu.serving", "serve", "--backend", backend, "--model", str(self.model_path),
                    "--delays-ms", ",".join(repr(float(d)) for d in self.delays_ms),
                    "--max-batch", str(self.max_batch), "--http-port", str(self.port),
                    "--grpc-port", str(launch.free_port()), "--metrics-port", str(launch.free_port()),
@@ -368,7 +410,7 @@ class TritonServer:
                     process.wait(timeout=self.stop_timeout)
                 except subprocess.TimeoutExpired:
                     pass
-            deadline = time.monotonic() + 5  # Triton's stubs finish unloading on their own
+            deadline = time.monotonic() + 5  # Triton's stubs or Ray's daemons finish on their own
             while self._left() and time.monotonic() < deadline:
                 time.sleep(0.05)
         finally:
@@ -393,15 +435,32 @@ class TritonServer:
                 time.sleep(0.05)
             for block in Path("/dev/shm").glob(f"pytrtion{process.pid}-*"):  # pytriton's tensor blocks
                 block.unlink(missing_ok=True)
-            if self._workdir:  # Triton's workspace and model copies (and the log, unless it was put elsewhere)
+            if self._workdir:  # the workspace, Triton's model copies or Ray's session (and the log, unless put elsewhere)
                 shutil.rmtree(self._workdir, ignore_errors=True)
             self.stopped_in = time.perf_counter() - begin
 
-    def __enter__(self) -> "TritonServer":
+    def __enter__(self) -> "InferenceServer":
         return self.start()
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+    def cpu_seconds(self) -> float:
+        """CPU time (user + system) used so far by the server's running processes, all of them.
+
+        The difference over a run, divided by its requests, is what one request cost the server's
+        processes, inside the model and out (HTTP, queues, the hop to the model), whatever the backend.
+        """
+        import psutil
+
+        total = 0.0
+        for process in (_tree(self._process.pid).values() if self._process is not None else ()):
+            try:
+                times = process.cpu_times()
+                total += times.user + times.system
+            except psutil.NoSuchProcess:
+                pass
+        return total
 
     # ---- talking to it
 
@@ -421,19 +480,19 @@ class TritonServer:
 
 
 def batches_between(before: dict, after: dict, name: str) -> tuple[int, int]:
-    """(batches run, requests answered) by model ``name`` between two :meth:`TritonServer.stats`."""
+    """(batches run, requests answered) by model ``name`` between two :meth:`InferenceServer.stats`."""
     return (after[name]["executions"] - before[name]["executions"],
             after[name]["requests"] - before[name]["requests"])
 
 
 def busy_seconds(before: dict, after: dict, name: str) -> float:
-    """Seconds model ``name`` spent computing batches between two :meth:`TritonServer.stats`."""
+    """Seconds model ``name`` spent computing batches between two :meth:`InferenceServer.stats`."""
     return sum(seconds - before[name]["by_batch_size"].get(size, (0, 0.0))[1]
                for size, (_, seconds) in after[name]["by_batch_size"].items())
 
 
 def compute_seconds_by_batch(before: dict, after: dict, name: str) -> dict[int, float]:
-    """Mean seconds of model compute per batch, by batch size, between two :meth:`TritonServer.stats`."""
+    """Mean seconds of model compute per batch, by batch size, between two :meth:`InferenceServer.stats`."""
     out = {}
     for size, (count, seconds) in after[name]["by_batch_size"].items():
         count0, seconds0 = before[name]["by_batch_size"].get(size, (0, 0.0))
@@ -551,34 +610,31 @@ def _run(coroutine):
 # ---- the child process
 
 
-def _serve(model_path: str, delays_ms: list[float], max_batch: int, ports: tuple[int, int, int],
-           workspace: str, threads: int | None) -> None:
+def _load_traced(model_path: str, threads: int | None):
+    """The saved model as a traced call on float32 rows, traced once before the first request."""
     import mgpu  # noqa: F401  (Keras 2 on TensorFlow 2.16+, before tensorflow)
     import tensorflow as tf
 
     if threads:
         tf.config.threading.set_intra_op_parallelism_threads(threads)
         tf.config.threading.set_inter_op_parallelism_threads(threads)
-    from pytriton.decorators import batch
-    from pytriton.model_config import DynamicBatcher, ModelConfig, Tensor
-    from pytriton.triton import Triton, TritonConfig, TritonSecurityConfig
-
     model = tf.keras.models.load_model(model_path, compile=False)
     features = int(model.input_shape[-1])
     predict = tf.function(model, input_signature=[tf.TensorSpec([None, features], tf.float32)])
-    predict(tf.zeros([1, features]))  # traced once, before the first request
+    predict(tf.zeros([1, features]))
+    return (lambda rows: predict(tf.constant(rows)).numpy()), features
 
-    @batch
-    def infer_func(x):
-        return {"y": predict(tf.constant(x)).numpy()}
 
-    stop = threading.Event()
+def _stop_signals() -> tuple[threading.Event, threading.Event]:
+    """``(stop, orphaned)``: stop is set by SIGTERM, SIGINT or the parent's death, orphaned by the last.
+
+    The child's stdin is a pipe from the parent: EOF means the parent exited, however it died.
+    """
+    stop, orphaned = threading.Event(), threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
 
-    orphaned = threading.Event()
-
-    def parent_gone():  # stdin is a pipe from the parent: EOF means it exited, however it died
+    def parent_gone():
         try:
             while os.read(0, 4096):  # the raw descriptor: no lock for the interpreter's shutdown to wait on
                 pass
@@ -587,6 +643,22 @@ def _serve(model_path: str, delays_ms: list[float], max_batch: int, ports: tuple
             stop.set()
 
     threading.Thread(target=parent_gone, daemon=True).start()
+    return stop, orphaned
+
+
+def _serve_triton(model_path: str, delays_ms: list[float], max_batch: int, ports: tuple[int, int, int],
+                  workspace: str, threads: int | None) -> None:
+    from pytriton.decorators import batch
+    from pytriton.model_config import DynamicBatcher, ModelConfig, Tensor
+    from pytriton.triton import Triton, TritonConfig, TritonSecurityConfig
+
+    predict, features = _load_traced(model_path, threads)
+
+    @batch
+    def infer_func(x):
+        return {"y": predict(x)}
+
+    stop, orphaned = _stop_signals()
     http, grpc, metrics = ports
     config = TritonConfig(http_address="127.0.0.1", http_port=http, grpc_address="127.0.0.1", grpc_port=grpc,
                           metrics_port=metrics, exit_timeout_secs=10, log_verbose=0)
@@ -611,10 +683,108 @@ def _serve(model_path: str, delays_ms: list[float], max_batch: int, ports: tuple
         shutil.rmtree(Path(workspace).parent, ignore_errors=True)
 
 
+class _RayModels:
+    """Ray Serve's replica: the model, one ``@serve.batch`` queue per model name, and Triton's routes.
+
+    One batch runs at a time, as with Triton's one model instance: requests that arrive while it
+    computes wait for the next. The compute time is recorded per batch size in the shape of
+    Triton's statistics.
+    """
+
+    def __init__(self, model_path: str, delays_ms: list[float], max_batch: int, threads: int | None):
+        from ray import serve
+
+        self.predict, self.features = _load_traced(model_path, threads)
+        self.counts = {}
+        self.handlers = {NO_BATCHING: self._batcher(NO_BATCHING, serve.batch(max_batch_size=1, batch_wait_timeout_s=0.0))}
+        for delay in delays_ms:
+            rows = serve.batch(max_batch_size=max_batch, batch_wait_timeout_s=delay / 1e3,
+                               batch_size_fn=lambda items: sum(len(item) for item in items))
+            self.handlers[model_name(delay)] = self._batcher(model_name(delay), rows)
+
+    def _batcher(self, name: str, decorator):
+        counts = self.counts[name] = {"executions": 0, "requests": 0, "by_size": {}}
+
+        async def run(items: list) -> list:
+            rows = np.concatenate(items)
+            begin = time.perf_counter_ns()
+            out = self.predict(rows)  # on the replica's event loop: requests arriving meanwhile queue up
+            spent = time.perf_counter_ns() - begin
+            count, ns = counts["by_size"].get(len(rows), (0, 0))
+            counts["by_size"][len(rows)] = (count + 1, ns + spent)
+            counts["executions"] += 1
+            counts["requests"] += len(rows)
+            return list(np.split(out, np.cumsum([len(item) for item in items])[:-1]))
+
+        return decorator(run)
+
+    def _stats(self, name: str) -> dict:
+        counts = self.counts[name]
+        zero = {"count": 0, "ns": 0}
+        return {"model_stats": [{
+            "name": name, "execution_count": counts["executions"], "inference_count": counts["requests"],
+            "batch_stats": [{"batch_size": size, "compute_infer": {"count": count, "ns": ns},
+                             "compute_input": zero, "compute_output": zero}
+                            for size, (count, ns) in sorted(counts["by_size"].items())]}]}
+
+    async def __call__(self, request):
+        from starlette.responses import JSONResponse, PlainTextResponse
+
+        *_, name, action = request.url.path.rstrip("/").split("/")
+        if name not in self.handlers or action not in ("ready", "stats", "infer"):
+            return PlainTextResponse(f"no model {name!r} or no route {action!r}", status_code=404)
+        if action == "ready":
+            return PlainTextResponse("ready")
+        if action == "stats":
+            return JSONResponse(self._stats(name))
+        body = await request.body()
+        split = int(request.headers.get("inference-header-content-length", len(body)))
+        shape = json.loads(body[:split])["inputs"][0]["shape"]
+        rows = np.frombuffer(body[split:], dtype=np.float32).reshape(shape)
+        out = await self.handlers[name](rows)
+        return JSONResponse({"outputs": [{"name": "y", "datatype": "FP32", "shape": list(out.shape),
+                                          "data": out.ravel().tolist()}]})
+
+
+def _serve_ray(model_path: str, delays_ms: list[float], max_batch: int, http_port: int,
+               workspace: str, threads: int | None) -> None:
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # no usage report sent from a course's notebook
+    # Ray's workers import this module: give them the course on their path, wherever it was imported from.
+    course = str(Path(__file__).resolve().parents[1])
+    os.environ["PYTHONPATH"] = os.pathsep.join([course] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
+    if not Path(model_path).exists():  # before Ray starts, rather than in a replica it would retry
+        raise FileNotFoundError(f"no saved model at {model_path}")
+    import ray
+    from ray import serve
+
+    stop, orphaned = _stop_signals()
+    Path(workspace).mkdir(parents=True, exist_ok=True)
+    # A small object store (Ray's default takes 30% of the memory in /dev/shm; requests here are bytes).
+    ray.init(num_cpus=os.cpu_count() or 1, include_dashboard=False, _temp_dir=str(Path(workspace) / "ray"),
+             object_store_memory=100 * 2 ** 20, logging_level="WARNING", configure_logging=True)
+    try:
+        quiet = {"log_level": "WARNING", "enable_access_log": False}  # no log line per request
+        serve.start(http_options={"host": "127.0.0.1", "port": http_port}, logging_config=quiet)
+        deployment = serve.deployment(_RayModels, name="models", ray_actor_options={"num_cpus": 0},
+                                      max_ongoing_requests=100_000, logging_config=quiet)
+        serve.run(deployment.bind(model_path, delays_ms, max_batch, threads), name="models",
+                  route_prefix="/v2/models", blocking=False)
+        print("serving", flush=True)
+        while not stop.wait(0.5):
+            pass
+        print("stopping", flush=True)
+        serve.shutdown()
+    finally:
+        ray.shutdown()
+    if orphaned.is_set():  # nobody is left to remove the server's folder
+        shutil.rmtree(Path(workspace).parent, ignore_errors=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m mgpu.serving")
     sub = parser.add_subparsers(dest="command", required=True)
-    serve = sub.add_parser("serve", help="serve a saved Keras model with Triton (the notebook starts this)")
+    serve = sub.add_parser("serve", help="serve a saved Keras model with Triton or Ray Serve (the notebook starts this)")
+    serve.add_argument("--backend", choices=BACKENDS, required=True)
     serve.add_argument("--model", required=True)
     serve.add_argument("--delays-ms", default="0")
     serve.add_argument("--max-batch", type=int, default=64)
@@ -625,8 +795,11 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--threads", type=int, default=None)
     args = parser.parse_args(argv)
     delays = [float(d) for d in args.delays_ms.split(",") if d.strip()]
-    _serve(args.model, delays, args.max_batch, (args.http_port, args.grpc_port, args.metrics_port),
-           args.workspace, args.threads)
+    if args.backend == "triton":
+        _serve_triton(args.model, delays, args.max_batch, (args.http_port, args.grpc_port, args.metrics_port),
+                      args.workspace, args.threads)
+    else:
+        _serve_ray(args.model, delays, args.max_batch, args.http_port, args.workspace, args.threads)
     return 0
 
 

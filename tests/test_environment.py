@@ -72,4 +72,4 @@ def test_the_installed_stack_is_the_one_for_this_python():
 
         pins = {k: v for k, v in pins.items() if k not in colab.COLAB_PROVIDES or k == "horovod"}
     for name, version in pins.items():
-        assert importlib.metadata.version(name) == version, name
+        assert importlib.metadata.version(name.split("[")[0]) == version, name

@@ -152,7 +152,7 @@ def test_failure_of_one_rank_is_reported_and_leaves_no_orphans(tmp_path, behavio
 def test_timeout_kills_a_hung_rank_and_the_ranks_waiting_for_it(tmp_path):
     # Rank 1 hangs; ranks 0 and 2 block in an all-reduce that can never complete.
     result = launch.run(_record_pid_then, 3, args=(str(tmp_path), "hang"), verbose=False,
-                        check=False, timeout=60)
+                        check=False, timeout=40)
     assert result.timed_out and not result.ok
     assert result.failure_reason().startswith("timed out after")
     pids = _worker_pids(tmp_path)

@@ -170,8 +170,12 @@ def saved_model(tmp_path_factory):
     return path, model
 
 
-needs_triton = pytest.mark.skipif(serving.triton_unavailable_reason() is not None,
-                                  reason=str(serving.triton_unavailable_reason()))
+def _backend(name):
+    reason = {"triton": serving.triton_unavailable_reason, "ray": serving.ray_unavailable_reason}[name]()
+    return pytest.param(name, marks=pytest.mark.skipif(reason is not None, reason=str(reason)), id=name)
+
+
+BACKENDS = [_backend("triton"), _backend("ray")]
 
 
 def test_triton_unavailable_reason_names_what_is_missing():
@@ -186,20 +190,45 @@ def test_triton_unavailable_reason_names_what_is_missing():
         assert reason is None, reason
 
 
+def test_the_server_is_triton_where_it_runs_and_ray_serve_elsewhere(monkeypatch):
+    monkeypatch.setattr(serving, "triton_unavailable_reason", lambda: None)
+    assert serving.pick_backend()[0] == "triton"
+    monkeypatch.setattr(serving, "triton_unavailable_reason", lambda: "NumPy 2")
+    monkeypatch.setattr(serving, "ray_unavailable_reason", lambda: None)
+    backend, why = serving.pick_backend()
+    assert backend == "ray" and "NumPy 2" in why and "@serve.batch" in why
+    monkeypatch.setattr(serving, "ray_unavailable_reason", lambda: "Ray Serve is not installed (pip install ...)")
+    backend, why = serving.pick_backend()
+    assert backend is None and "NumPy 2" in why and "pip install" in why
+    assert serving.pick_backend("ray") == (None, "Ray Serve is not installed (pip install ...)")
+    with pytest.raises(ValueError, match="'auto', 'triton' or 'ray'"):
+        serving.pick_backend("tensorflow-serving")
+
+
+def test_a_server_that_can_run_nowhere_says_why_before_starting(monkeypatch, tmp_path):
+    monkeypatch.setattr(serving, "triton_unavailable_reason", lambda: "no Triton here")
+    monkeypatch.setattr(serving, "ray_unavailable_reason", lambda: "no Ray here")
+    server = serving.InferenceServer(tmp_path / "model.keras")
+    with pytest.raises(serving.ServerError, match="no Triton here.*no Ray here"):
+        server.start()
+    assert server._process is None
+
+
 def _pytriton_blocks(pid):
     return list(Path("/dev/shm").glob(f"pytrtion{pid}-*"))
 
 
 @pytest.mark.slow
-@needs_triton
-def test_a_real_server_answers_batches_and_stops_leaving_no_process(saved_model, tmp_path):
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_real_server_answers_batches_and_stops_leaving_no_process(saved_model, tmp_path, backend):
     path, model = saved_model
     x = np.random.default_rng(0).normal(size=(16, 6)).astype("float32")
-    server = serving.TritonServer(path, delays_ms=[0.0, 5.0], max_batch=8, log_path=tmp_path / "triton.log")
+    server = serving.InferenceServer(path, delays_ms=[0.0, 5.0], max_batch=8, log_path=tmp_path / "server.log",
+                                     backend=backend)
     with server:
         child = server._process.pid
         pids = server.pids()
-        assert len(pids) >= 3  # the child, Triton, and a stub per model
+        assert len(pids) >= 3  # the child and Triton with a stub per model, or Ray's daemons and actors
         assert np.allclose(serving.infer(server.url, serving.model_name(5.0), x[:4]), model(x[:4]).numpy(), atol=1e-5)
         before = server.stats()
         # 24 requests in 24 ms to the 5 ms batcher: it must gather several into each batch.
@@ -208,30 +237,36 @@ def test_a_real_server_answers_batches_and_stops_leaving_no_process(saved_model,
         assert run.errors == 0 and len(run.latencies) == 24 and np.all(run.latencies > 0)
         batches, answered = serving.batches_between(before, after, serving.model_name(5.0))
         assert answered == 24 and batches < 24
+        assert sum(count * size for size, (count, _) in after[serving.model_name(5.0)]["by_batch_size"].items()
+                   ) == after[serving.model_name(5.0)]["requests"]
         alone = serving.send_load(server.url, serving.NO_BATCHING, np.linspace(0, 0.01, 5), x)
         assert alone.errors == 0
         assert serving.batches_between(after, server.stats(), serving.NO_BATCHING) == (5, 5)
         assert serving.busy_seconds(before, after, serving.model_name(5.0)) > 0
+        missing = serving.send_load(server.url, "delay_7000us", np.zeros(2), x)  # a name the server does not have
+        assert missing.errors == 2
     assert serving.alive(pids) == []
     assert not _pytriton_blocks(child)
-    assert "serving" in (tmp_path / "triton.log").read_text()
+    assert "serving" in (tmp_path / "server.log").read_text()
+    assert server._workdir is None or not Path(server._workdir).exists()
 
 
 @pytest.mark.slow
-@needs_triton
-def test_a_server_whose_child_dies_still_leaves_no_process(saved_model):
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_server_whose_child_dies_still_leaves_no_process(saved_model, backend):
     path, _ = saved_model
-    server = serving.TritonServer(path, delays_ms=[0.0])
+    server = serving.InferenceServer(path, delays_ms=[0.0], backend=backend)
     with server:
         pids = server.pids()
-        os.kill(server._process.pid, signal.SIGKILL)  # Triton and its stubs are orphaned
+        os.kill(server._process.pid, signal.SIGKILL)  # the server's own processes are orphaned
     assert serving.alive(pids) == []
     assert server._workdir is None or not Path(server._workdir).exists()
 
 
 @pytest.mark.slow
-def test_a_server_that_cannot_start_raises_with_its_log_and_leaves_nothing(tmp_path):
-    server = serving.TritonServer(tmp_path / "missing.keras", delays_ms=[0.0])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_server_that_cannot_start_raises_with_its_log_and_leaves_nothing(tmp_path, backend):
+    server = serving.InferenceServer(tmp_path / "missing.keras", delays_ms=[0.0], backend=backend)
     with pytest.raises(serving.ServerError, match="exited with code"):
         server.start()
     assert serving.alive(server.pids()) == []
