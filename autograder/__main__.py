@@ -1,10 +1,20 @@
-"""Command line: ``python -m autograder grade|certify|keys|verify|revoke``.
+"""Command line: ``python -m autograder grade|practice|calibrate|certify|keys|verify|revoke|page``.
 
 ``grade COURSE_DIR --assignment A --profile P --workers N`` grades every submission under
 ``COURSE_DIR/submitted/<student>/<assignment>/`` (or first imports a folder or zip of notebooks with
 ``--submissions``), then prints one line per student and where the gradebook, the CSV and the HTML
 report are. Graded submissions, passed or not, give exit status 0. ``grade`` never loads the
-signing key: it notes which passes are eligible for a certificate.
+signing key: it notes which passes are eligible for a certificate. The profile is the course's
+calibrated row (``COURSE_DIR/autograder/profiles.json``) when it has one, else the built-in practice
+row; an official row calibrated on other hardware is refused unless ``--allow-other-hardware``.
+
+``practice NOTEBOOK --profile P --workers N`` grades one notebook the way ``grade`` would, in a private
+copy of the course (:mod:`autograder.practice`), and prints what the grader would say: exit status 0
+for a pass, 1 otherwise; no certificate.
+
+``calibrate COURSE_DIR --profile P --workers N --dataset D --runs R`` grades the reference solution R
+times on this machine and writes the profile row it measured, with its calibration, into
+``COURSE_DIR/autograder/profiles.json`` (:mod:`autograder.calibrate`).
 
 Certificates (:mod:`autograder.certificates`):
 
@@ -15,7 +25,10 @@ Certificates (:mod:`autograder.certificates`):
   and prints the public key (never the private one);
 - ``verify CERT [--public-key PEM | --course COURSE_DIR] [--revoked FILE]`` checks a certificate's
   .pdf or .json: ``VALID: ...`` and status 0, or ``INVALID: <reason>`` and status 1;
-- ``revoke CERT_ID --reason "..." [--course COURSE_DIR | --revoked FILE]`` adds it to the list.
+- ``revoke CERT_ID --reason "..." [--course COURSE_DIR | --revoked FILE]`` adds it to the list;
+- ``page [--course COURSE_DIR | --public-key PEM] [--revoked FILE] [--out FILE]`` writes the static
+  HTML page that checks a certificate in a browser (:mod:`autograder.verify_page`), with the public
+  key and the revocation list as it is now embedded (default: COURSE/autograder/verify.html).
 
 Bad input gives one line naming the fix and exit status 2.
 """
@@ -46,6 +59,30 @@ def main(argv: list[str] | None = None) -> int:
     grade.add_argument("--no-isolation", action="store_true",
                        help="run without the network/mount namespaces (debugging only)")
     grade.add_argument("--no-progress", action="store_true")
+    grade.add_argument("--allow-other-hardware", action="store_true",
+                       help="grade with an official row calibrated on other hardware (its target and budget may not hold)")
+    practice = sub.add_parser("practice", help="grade your own notebook the way the grader would, before submitting")
+    practice.add_argument("notebook", help="your assessment.ipynb")
+    practice.add_argument("--course", default="assignments", help="the course folder whose profiles apply "
+                          "(default: assignments)")
+    practice.add_argument("--profile", default="cpu")
+    practice.add_argument("--workers", type=int, default=2)
+    practice.add_argument("--keep", action="store_true", help="keep the private graded copy (under build/)")
+    practice.add_argument("--no-isolation", action="store_true", help="run without the sandbox's namespaces")
+    calibrate = sub.add_parser("calibrate", help="measure a profile row on this machine from the reference solution")
+    calibrate.add_argument("course_dir", help="the nbgrader course folder (this repo's: assignments/)")
+    calibrate.add_argument("--assignment", default="assessment")
+    calibrate.add_argument("--profile", required=True, help="the row's name, e.g. gpu")
+    calibrate.add_argument("--workers", type=int, required=True)
+    calibrate.add_argument("--dataset", required=True, help="mgpu.data name (a real one makes an official row)")
+    calibrate.add_argument("--runs", type=int, default=5, help="reference runs, one at a time (default 5)")
+    calibrate.add_argument("--train-images", type=int, default=6000)
+    calibrate.add_argument("--val-images", type=int, default=1000)
+    calibrate.add_argument("--test-images", type=int, default=2000)
+    calibrate.add_argument("--margin", type=float, default=1.5, help="budget = this x the slowest run's time to target")
+    calibrate.add_argument("--accuracy-margin", type=float, default=0.02,
+                           help="target = the weakest run's two-epoch accuracy less this")
+    calibrate.add_argument("--no-isolation", action="store_true")
     certify = sub.add_parser("certify", help="sign the certificates of the eligible passes (after grade)")
     certify.add_argument("course_dir", help="the nbgrader course folder (this repo's: assignments/)")
     certify.add_argument("--assignment", default="assessment")
@@ -53,10 +90,16 @@ def main(argv: list[str] | None = None) -> int:
     certify.add_argument("--workers", type=int, default=2, help="the Horovod workers they were graded with")
     certify.add_argument("--key", help="the signing key (default: COURSE_DIR/.keys/signing_key.pem), e.g. "
                          "on removable media")
+    certify.add_argument("--allow-other-hardware", action="store_true",
+                         help="sign passes graded with an official row calibrated on other hardware")
     _add_certificate_commands(sub)
     args = parser.parse_args(argv)
     if args.command == "certify":
         return _certify_command(args)
+    if args.command == "practice":
+        return _practice_command(args)
+    if args.command == "calibrate":
+        return _calibrate_command(args)
     if args.command != "grade":
         return _certificate_command(args)
 
@@ -67,10 +110,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: no course folder {args.course_dir}: pass the folder that holds nbgrader_config.py "
               "and source/ (this repo's is assignments/)", file=sys.stderr)
         return 2
-    try:
-        profile = assessment.profile(args.profile, args.workers)
-    except KeyError as error:
-        print(f"error: {error.args[0]}", file=sys.stderr)
+    profile = _profile(args.course_dir, args.profile, args.workers, args.allow_other_hardware)
+    if profile is None:
         return 2
     if args.jobs is not None and args.jobs < 1:
         print("error: --jobs must be at least 1", file=sys.stderr)
@@ -123,6 +164,92 @@ def _add_certificate_commands(sub) -> None:
                        "(default: assignments)")
     where.add_argument("--revoked", help="the revocation list file instead")
 
+    page = sub.add_parser("page", help="write the HTML page that checks a certificate in a browser")
+    key = page.add_mutually_exclusive_group()
+    key.add_argument("--course", default="assignments", help="course folder: its .keys/public_key.pem and "
+                     "autograder/revoked.txt; the page goes to COURSE/autograder/verify.html (default: assignments)")
+    key.add_argument("--public-key", help="the course's public_key.pem instead (no revocation list unless --revoked)")
+    page.add_argument("--revoked", help="the revocation list to embed (default with --course: "
+                      "COURSE/autograder/revoked.txt)")
+    page.add_argument("--out", help="the page to write (default: COURSE/autograder/verify.html; with --public-key: "
+                      "verify.html in the current folder)")
+
+
+def _profile(course_dir, name: str, workers: int, allow_other_hardware: bool):
+    """The course's calibrated row, else the built-in one; None after printing why neither applies."""
+    from autograder import calibrate
+
+    try:
+        profile, calibration = calibrate.resolve_profile(course_dir, name, workers,
+                                                         allow_other_hardware=allow_other_hardware)
+    except calibrate.CalibrationError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return None
+    if calibration:
+        print(f"profile {name} ({workers} workers): calibrated on {calibration.get('hardware', {}).get('summary', '?')}, "
+              f"{calibration.get('date', '?')} ({calibrate.rows_path(course_dir)})", file=sys.stderr)
+    return profile
+
+
+def _practice_command(args) -> int:
+    from autograder import practice
+    from autograder.course import CourseError
+
+    if not os.path.isdir(args.course):
+        print(_no_course(args.course, "--course COURSE_DIR"), file=sys.stderr)
+        return 2
+    profile = _profile(args.course, args.profile, args.workers, allow_other_hardware=True)
+    if profile is None:
+        return 2
+    try:
+        verdict = practice.practice(args.notebook, profile, keep=args.keep, isolate=not args.no_isolation,
+                                    log=lambda *a, **k: None)
+    except (practice.PracticeError, CourseError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    print(practice.summary(verdict))
+    return 0 if verdict.passed else 1
+
+
+def _calibrate_command(args) -> int:
+    from autograder import calibrate
+    from autograder.course import CourseError
+
+    if not os.path.isdir(args.course_dir):
+        print(_no_course(args.course_dir, "the course folder"), file=sys.stderr)
+        return 2
+    for flag, value, low in (("--runs", args.runs, 2), ("--workers", args.workers, 1), ("--train-images", args.train_images, 1),
+                             ("--val-images", args.val_images, 1), ("--test-images", args.test_images, 1)):
+        if value < low:
+            print(f"error: {flag} must be at least {low}", file=sys.stderr)
+            return 2
+    if args.margin < 1:
+        print("error: --margin must be at least 1 (the budget covers the slowest reference run)", file=sys.stderr)
+        return 2
+    command = "python -m autograder calibrate " + " ".join(sys.argv[2:] if len(sys.argv) > 2 else [])
+    try:
+        row, path = calibrate.calibrate(args.course_dir, args.profile, args.workers, args.dataset, args.runs,
+                                        train_images=args.train_images, val_images=args.val_images,
+                                        test_images=args.test_images, margin=args.margin,
+                                        accuracy_margin=args.accuracy_margin, assignment=args.assignment,
+                                        isolate=not args.no_isolation, command=command.strip())
+    except (calibrate.CalibrationError, CourseError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    except KeyError as error:  # an unknown dataset name
+        print(f"error: {error.args[0]}", file=sys.stderr)
+        return 2
+    runs = row["calibration"]["runs"]
+    held = [r["streak_accuracy"] for r in runs]
+    reached = ", ".join(f"{r['reached_target_s']:.0f}" for r in runs)
+    kind = "official" if row["official"] else "practice"
+    print(f"{kind} row {row['name']} / {row['dataset']} / {row['workers']} workers -> {path}")
+    print(f"  target {row['target_accuracy']:.2f} (the reference held {min(held):.3f}-{max(held):.3f} for two epochs), "
+          f"budget {row['time_budget_s']} s (it reached the target at {reached} s), timeout {row['timeout_s']} s, "
+          f"memory {row['memory_limit_mb']} MB")
+    print(f"  on {row['calibration']['hardware']['summary']}")
+    return 0
+
 
 def _no_course(course_dir: str, instead: str) -> str:
     return (f"error: no course folder {course_dir}: pass the folder that holds nbgrader_config.py (this repo's "
@@ -138,10 +265,8 @@ def _certify_command(args) -> int:
         print(f"error: no course folder {args.course_dir}: pass the folder that holds nbgrader_config.py "
               "and autograder/ (this repo's is assignments/)", file=sys.stderr)
         return 2
-    try:
-        profile = assessment.profile(args.profile, args.workers)
-    except KeyError as error:
-        print(f"error: {error.args[0]}", file=sys.stderr)
+    profile = _profile(args.course_dir, args.profile, args.workers, args.allow_other_hardware)
+    if profile is None:
         return 2
     try:
         certify.issue_certificates(args.course_dir, args.assignment, profile, key_path=args.key)
@@ -188,6 +313,8 @@ def _certificate_command(args) -> int:
             for name, value in verification.certificate.items():
                 print(f"  {name:<20} {value}")
             return 0
+        if args.command == "page":
+            return _page_command(args)
         # revoke
         if args.revoked is None and not os.path.isdir(args.course):
             print(_no_course(args.course, "--revoked FILE"), file=sys.stderr)
@@ -202,6 +329,40 @@ def _certificate_command(args) -> int:
     except certificates.CertificateError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+
+
+def _page_command(args) -> int:
+    from autograder import certificates, verify_page
+
+    if args.public_key is None and not os.path.isdir(args.course):
+        print(_no_course(args.course, "--public-key PEM"), file=sys.stderr)
+        return 2
+    public_key = certificates.load_public_key(
+        args.public_key or certificates.default_key_dir(args.course) / certificates.PUBLIC_KEY_FILE)
+    if args.revoked is not None and not os.path.isfile(args.revoked):
+        print(f"error: no revocation list {args.revoked}: pass the course's revoked.txt, or leave --revoked out",
+              file=sys.stderr)
+        return 2
+    revoked_path = args.revoked or (None if args.public_key else certificates.default_revocation_list(args.course))
+    revoked = certificates.read_revocations(revoked_path) if revoked_path else {}
+    out = args.out or (verify_page.PAGE_FILE if args.public_key else verify_page.default_page_path(args.course))
+    if os.path.isdir(out):
+        print(f"error: {out} is a folder: pass the page's file name with --out, e.g. "
+              f"{os.path.join(out, verify_page.PAGE_FILE)}", file=sys.stderr)
+        return 2
+    try:
+        path = verify_page.write_page(out, public_key, revoked)
+    except OSError as error:
+        print(f"error: cannot write {out} ({error.strerror or error}): pass another file with --out", file=sys.stderr)
+        return 2
+    listed = (f"{len(revoked)} revoked certificate(s), as {revoked_path} lists them now" if revoked_path
+              else "none (pass --revoked FILE to embed one)")
+    print(f"page:            {path.resolve()}\nkey id:          {certificates.key_id(public_key)}\n"
+          f"revocation list: {listed}\n\n"
+          "Publish it beside public_key.pem: opened in any browser (a file:// URL too), it checks a certificate's\n"
+          ".pdf or .json with nothing sent anywhere. Revoking later needs a new page, or a newer revoked.txt\n"
+          "loaded in the page.")
+    return 0
 
 
 if __name__ == "__main__":
