@@ -25,6 +25,7 @@ a one-line error naming the override (``--allow-other-hardware``).
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import math
 import os
@@ -187,8 +188,22 @@ def write_row(course_dir, row: dict) -> Path:
 _PROFILE_FIELDS = {f.name for f in dataclasses.fields(assessment.Profile)}
 
 
+def calibration_summary(row: dict) -> str:
+    """The calibration of a course row in one line: hardware, date, runs, dataset, and the row file's entry hash."""
+    calibration = row.get("calibration") or {}
+    runs = calibration.get("runs") or []
+    reached = [r["reached_target_s"] for r in runs if r.get("reached_target_s") is not None]
+    dataset = calibration.get("dataset") or {}
+    digest = hashlib.sha256(json.dumps(row, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
+    return (f"calibrated on {calibration.get('hardware', {}).get('summary', 'unknown hardware')} "
+            f"{str(calibration.get('date', '?'))[:10]}: {len(runs)} reference runs"
+            + (f" reached the target in {min(reached):.0f}-{max(reached):.0f} s" if reached else "")
+            + f", {dataset.get('name', '?')} {str(dataset.get('fingerprint', '?'))[-12:]}, row {digest}")
+
+
 def profile_from_row(row: dict) -> assessment.Profile:
-    return assessment.Profile(**{k: v for k, v in row.items() if k in _PROFILE_FIELDS})
+    fields = {k: v for k, v in row.items() if k in _PROFILE_FIELDS and k != "calibration"}
+    return assessment.Profile(**fields, calibration=calibration_summary(row))
 
 
 def resolve_profile(course_dir, name: str, workers: int, *, allow_other_hardware: bool = False,

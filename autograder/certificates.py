@@ -78,6 +78,7 @@ FIELDS: dict[str, type] = {
     "dataset_fingerprint": str,
     "submission_sha256": str,
     "grader_version": str,        # git commit of the grader's checkout, or "unknown"
+    "calibration": str,           # where the profile's target and budget come from (autograder.calibrate)
 }
 _DOCUMENT_KEYS = ("format", "certificate", "key_id", "signature")
 _PDF_PAYLOAD = re.compile(rb"\(" + re.escape(PDF_MARKER.encode()) + rb"([A-Za-z0-9+/=]*)\)")
@@ -392,7 +393,8 @@ def _render(certificate: dict, signer_key_id: str, json_bytes: bytes) -> tuple[b
                ("Submission SHA-256", f"{submission[:16]}\u2026{submission[-8:]}"),
                ("Signing key ID", signer_key_id),
                ("Issued (UTC)", c["issued_at"]),
-               ("Grader version", c["grader_version"][:16])]
+               ("Grader version", c["grader_version"][:16]),
+               ("Calibration", c["calibration"][:88] + ("\u2026" if len(c["calibration"]) > 88 else ""))]
     for row, (label, value) in enumerate(details):
         y = 0.265 - row * 0.026
         fig.text(0.09, y, label, fontsize=9, color=muted, va="center")

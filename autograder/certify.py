@@ -110,7 +110,8 @@ def issue_certificates(course_dir, assignment: str, profile, *, key_path=None, l
                     "workers": int(record["workers"]), "dataset": record["dataset"],
                     "dataset_fingerprint": record["dataset_fingerprint"],
                     "submission_sha256": record["submission_sha256"],
-                    "grader_version": certificates.grader_version()}, private_key, out_dir)
+                    "grader_version": certificates.grader_version(),
+                    "calibration": record.get("calibration") or profile.calibration}, private_key, out_dir)
                 record["certificate"], record["certificate_note"] = files.json.stem, ""
                 issued.append(record["student"])
                 log(f"{record['student']:<24} certificate {files.json.stem}  {files.pdf}")

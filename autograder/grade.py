@@ -96,6 +96,7 @@ class Verdict:
     workers: int = 0
     target_accuracy: float = 0.0
     time_budget_s: float = 0.0
+    calibration: str = ""                # the profile row's calibration, in one line (carried to certificates)
     feedback: str = ""
     graded_at: str = ""
     notes: list = field(default_factory=list)        # what was set aside (cells added, reordered, ...)
@@ -215,7 +216,7 @@ class CohortGrader:
                           course_mod.file_sha256(path) if path.exists() else "", False, [],
                           profile=self.profile.name, workers=self.profile.workers,
                           target_accuracy=self.profile.target_accuracy,
-                          time_budget_s=self.profile.time_budget_s)
+                          time_budget_s=self.profile.time_budget_s, calibration=self.profile.calibration)
         verdict.dataset, verdict.dataset_fingerprint = self.dataset_name, self.fingerprint
         verdict.dataset_real, verdict.heldout = self.dataset_real, self.heldout
         try:

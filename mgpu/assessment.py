@@ -62,6 +62,9 @@ class Profile:
     #: An official profile certifies: a pass on it, on a real dataset, earns a signed certificate.
     #: Practice profiles (and any run on generated data) produce a report only.
     official: bool = False
+    #: Where the row's numbers come from, in one line (a course's calibrated row); every
+    #: certificate earned on the row carries it.
+    calibration: str = "built-in row of mgpu.assessment.PROFILES (not calibrated on the grading machine)"
 
     @property
     def key(self) -> tuple[str, str, int]:
