@@ -117,3 +117,27 @@ def test_this_machine_is_described_with_its_versions():
     here, versions = calibrate.machine(), calibrate.versions()
     assert here["cores"] >= 1 and here["summary"]
     assert versions["tensorflow"] and versions["horovod"] and versions["python"].count(".") == 2
+
+
+def test_cifar10_shaped_data_goes_through_the_hand_off_and_the_graders_measurement(tmp_path):
+    """The second assessment dataset: 32x32 colour images, exported, loaded, trained on and measured."""
+    import numpy as np
+    import tensorflow as tf
+
+    from autograder import measure
+    from mgpu.data import Dataset
+
+    rng = np.random.default_rng(0)
+    y = rng.integers(0, 10, 700).astype("uint8")
+    x = (rng.integers(0, 10, (700, 32, 32, 3)) + (y * 20)[:, None, None, None]).astype("uint8")  # separable
+    dataset = Dataset("cifar10", x[:500], y[:500], x[500:], y[500:], class_names=tuple("abcdefghij"), real=True,
+                      fingerprint="cifar10:fixture")
+    x_test, y_test = assessment.export_data(dataset, tmp_path / "data", 400, 100, 200)
+    x_train, y_train, _, _, info = assessment.load_data(tmp_path / "data")
+    assert x_train.shape == (400, 32, 32, 3) and info["image_shape"] == [32, 32, 3] and info["real"]
+    model = assessment.reference_model(info["image_shape"], info["num_classes"])
+    model.compile(tf.keras.optimizers.Adam(3e-3), tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model.fit(x_train, y_train, epochs=10, batch_size=32, verbose=0)
+    assessment.save_weights_atomically(model.get_weights(), tmp_path / "epoch_000.npz")
+    measured = measure.Measurer(x_test, y_test, dataset.image_shape, dataset.num_classes).accuracy(tmp_path / "epoch_000.npz")
+    assert measured > 0.5  # chance is 0.1: the grader measured the trained colour model
