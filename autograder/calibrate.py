@@ -246,9 +246,8 @@ def calibrate(course_dir, name: str, workers: int, dataset_name: str, runs: int,
     """Grade the reference ``runs`` times, one at a time, derive the row, write it; ``(row, path)``."""
     import nbformat
 
-    from autograder import course as course_mod
     from autograder import grade as grading
-    from mgpu import data, paths
+    from mgpu import data
 
     if runs < 2:
         raise CalibrationError(f"--runs {runs}: calibrate with 2 or more reference runs")
@@ -260,21 +259,10 @@ def calibrate(course_dir, name: str, workers: int, dataset_name: str, runs: int,
     provisional = assessment.Profile(name, dataset_name, workers, train_images=train_images, val_images=val_images,
                                      test_images=test_images, target_accuracy=1.01, time_budget_s=timeout_s,
                                      timeout_s=timeout_s, memory_limit_mb=10 ** 6)
-    root = Path(work_root) if work_root else paths.build_dir() / "autograder_calibration"
-    root.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix="calibration-", dir=root))
-    try:
-        course = course_mod.copy_course(work / "course", assignment)
-        reference = nbformat.read(Path(course_dir) / "source" / assignment / f"{assignment}.ipynb", as_version=4)
-        students = [f"reference-{i}" for i in range(1, runs + 1)]
-        for student in students:
-            folder = course.root / "submitted" / student / assignment
-            folder.mkdir(parents=True)
-            nbformat.write(reference, folder / f"{assignment}.ipynb")
-        verdicts = grading.grade_course(course.root, assignment, provisional, jobs=1, isolate=isolate,
-                                        timeout_s=timeout_s, progress=True, log=log)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+    reference = nbformat.read(Path(course_dir) / "source" / assignment / f"{assignment}.ipynb", as_version=4)
+    verdicts = grading.grade_in_private_copy({f"reference-{i}": reference for i in range(1, runs + 1)}, provisional,
+                                             kind="calibration", assignment=assignment, work_root=work_root,
+                                             isolate=isolate, timeout_s=timeout_s, progress=True, log=log)
     measured = [dataclasses.asdict(v) if dataclasses.is_dataclass(v) else dict(v) for v in verdicts]
     row = derive_row(measured, name=name, dataset=dataset_name, real=dataset.real, workers=workers,
                      train_images=train_images, val_images=val_images, test_images=test_images, margin=margin,

@@ -735,6 +735,33 @@ def note_certificates(grader: CohortGrader, records: list[dict], log=print) -> l
     return eligible
 
 
+def grade_in_private_copy(notebooks: dict, profile: assessment.Profile, *, kind: str, assignment: str = "assessment",
+                          work_root=None, keep: bool = False, isolate: bool = True, timeout_s: float | None = None,
+                          progress: bool = False, log=print) -> list[Verdict]:
+    """Grade ``{student: notebook}`` (nbformat nodes) one at a time in a fresh copy of the course under
+    ``build/autograder_<kind>/`` (practice, calibration), removed afterwards unless ``keep``."""
+    import tempfile
+
+    import nbformat
+
+    from mgpu import paths
+
+    root = Path(work_root) if work_root else paths.build_dir() / f"autograder_{kind}"
+    root.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f"{kind}-", dir=root))
+    try:
+        course = course_mod.copy_course(work / "course", assignment)
+        for student, notebook in notebooks.items():
+            folder = course.root / "submitted" / student / assignment
+            folder.mkdir(parents=True)
+            nbformat.write(notebook, folder / f"{assignment}.ipynb")
+        return grade_course(course.root, assignment, profile, jobs=1, isolate=isolate, timeout_s=timeout_s,
+                            progress=progress, log=log)
+    finally:
+        if not keep:
+            shutil.rmtree(work, ignore_errors=True)
+
+
 def grade_course(course_dir, assignment: str, profile: assessment.Profile, *, submissions=None,
                  force: bool = False, jobs: int | None = None, isolate: bool = True,
                  timeout_s: float | None = None, progress: bool = True, log=print) -> list[Verdict]:

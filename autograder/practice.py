@@ -16,8 +16,6 @@ The private folder is removed afterwards unless ``keep`` is set.
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 from pathlib import Path
 
 STUDENT = "you"
@@ -44,25 +42,15 @@ def _check_notebook(notebook: Path) -> None:
 def practice(notebook, profile, *, assignment: str = "assessment", work_root=None, keep: bool = False,
              timeout_s: float | None = None, isolate: bool = True, log=print):
     """Grade ``notebook`` alone, as the grader would, in a private copy of the course; the :class:`Verdict`."""
-    from autograder import course as course_mod
+    import nbformat
+
     from autograder import grade as grading
-    from mgpu import paths
 
     notebook = Path(notebook).resolve()
     _check_notebook(notebook)
-    root = Path(work_root) if work_root else paths.build_dir() / "autograder_practice"
-    root.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix="practice-", dir=root))
-    try:
-        course = course_mod.copy_course(work / "course", assignment)
-        submitted = course.root / "submitted" / STUDENT / assignment
-        submitted.mkdir(parents=True)
-        shutil.copyfile(notebook, submitted / f"{assignment}.ipynb")
-        verdicts = grading.grade_course(course.root, assignment, profile, jobs=1, isolate=isolate,
-                                        timeout_s=timeout_s, progress=False, log=log)
-    finally:
-        if not keep:
-            shutil.rmtree(work, ignore_errors=True)
+    verdicts = grading.grade_in_private_copy({STUDENT: nbformat.read(notebook, as_version=4)}, profile,
+                                             kind="practice", assignment=assignment, work_root=work_root, keep=keep,
+                                             isolate=isolate, timeout_s=timeout_s, log=log)
     if len(verdicts) != 1:
         raise RuntimeError(f"practice graded {len(verdicts)} submissions, expected one")
     return verdicts[0]

@@ -47,17 +47,7 @@ L = 2 ** 252 + 27742317777372353535851937790883648493
 P = 2 ** 255 - 19
 
 
-def _fields(**changes):
-    fields = {
-        "name": "Ada Lovelace", "student_id": "s1815", "course": certificates.COURSE_NAME,
-        "course_id": "mgpu-2026", "assignment": "assessment", "accuracy": 0.8731, "target_accuracy": 0.85,
-        "reached_seconds": 59.4, "time_budget_s": 90.0, "profile": "gpu", "workers": 4,
-        "dataset": "fashion_mnist", "dataset_fingerprint": "sha256:3f2a9c0d11e4b7a8",
-        "submission_sha256": "5e" * 32, "grader_version": "a8ed7363ab4497b1fcabfa14727578cda0387fd6",
-        "calibration": "calibrated on 4 x NVIDIA A100-SXM4-40GB 2026-11-26: 5 reference runs reached the target in 41-47 s",
-    }
-    fields.update(changes)
-    return fields
+from test_certificates import _fields  # noqa: E402  (the same certificate fields as the CLI tests)
 
 
 def _json_bytes(document) -> bytes:
