@@ -260,14 +260,11 @@ function encodeUtf8(text) {
 
 const BASE64 = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
 
-/** Python's base64.b64decode(text, validate=True): the alphabet then at most two "=", padding
- *  enough to complete the last group (extra "=" after a whole group are ignored, as Python does);
- *  null when Python would raise. */
+/** Canonical base64 only, as Python's b64encode writes it and certificates._b64decode accepts it:
+ *  groups of four, "=" only to complete the last group; null for anything else. */
 function b64decode(text) {
-  const match = /^([A-Za-z0-9+/]*)(={0,2})$/.exec(text);
-  if (!match) return null;
-  const data = match[1], pads = match[2].length, rest = data.length % 4;
-  if (rest === 1 || (rest === 2 && pads < 2) || (rest === 3 && pads < 1)) return null;
+  if (text.length % 4 !== 0 || !/^[A-Za-z0-9+/]*={0,2}$/.test(text)) return null;
+  const data = text.replace(/=+$/, "");
   const out = new Uint8Array(Math.floor(data.length * 3 / 4));
   let bits = 0, held = 0, n = 0;
   for (const ch of data) {

@@ -126,7 +126,17 @@ def test_calibrate_grade_certify_and_verify_on_a_real_dataset(tmp_path, real_fix
         fragment = "cert=" + base64.urlsafe_b64encode(genuine.read_bytes()).decode().rstrip("=")
         assert _open(browser_root, page, fragment).verdict == "revoked"
 
-    # 5. The official row on other hardware: refused, with the override named.
+    # 5. The official row on other hardware: refused, with the override named (here: the row says it was
+    # measured on two T4s; the command line compares with this machine).
     other = {"gpus": ["Tesla T4", "Tesla T4"], "cpu": "Intel Xeon", "cores": 16, "summary": "2 x Tesla T4"}
     with pytest.raises(calibrate.CalibrationError, match="this machine is 2 x Tesla T4.*--allow-other-hardware"):
         calibrate.resolve_profile(course.root, "gpu", 2, here=other)
+    calibrate.write_row(course.root, {**row, "calibration": {**row["calibration"], "hardware": other}})
+    command = [sys.executable, "-m", "autograder", "grade", str(course.root), "--profile", "gpu", "--workers", "2",
+               "--no-progress"]
+    refused = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert refused.returncode == 2 and refused.stderr.count("\n") == 1, refused.stderr
+    assert "calibrated on 2 x Tesla T4" in refused.stderr and "--allow-other-hardware" in refused.stderr
+    allowed = subprocess.run(command + ["--allow-other-hardware"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert allowed.returncode == 0, allowed.stderr[-2000:]
+    assert "calibrated on 2 x Tesla T4" in allowed.stderr  # it says which calibration it grades with

@@ -472,6 +472,13 @@ def _junk(document: dict, pdf: bytes) -> dict[str, bytes]:
         "a PDF header and junk": b"%PDF-1.4\n" + random.Random(1).randbytes(512),
         "a PDF with a payload that is not base64": pdf.replace(payload, payload[:20] + b"=" + payload[21:]),
         "a PDF with bad padding": pdf.replace(payload, payload.rstrip(b"=")[:-1]),
+        # Base64 only as b64encode writes it, in both (found by an attack on the page: Python's own decoder
+        # takes extra "=" after a whole group and the page took "xxx==").
+        "a PDF payload with extra padding": pdf.replace(payload, payload + b"==="),
+        "a PDF payload of a padded group with one = too many": pdf.replace(
+            payload, base64.b64encode(_json_bytes(document) + b"  ").rstrip(b"=") + b"=="),
+        "a PDF payload that is only padding": pdf.replace(payload, b"="),
+        "a signature with extra padding": edited(signature=signature + "==="),
         "a JSON list": b"[1, 2, 3]",
         "a JSON string": b'"certificate"',
         "not UTF-8": b'{"format": "\xff\xfe"}',
