@@ -16,14 +16,14 @@ import nbformat
 import numpy as np
 import pytest
 
-from autograder import calibrate, certificates, certify, cohort, verify_page
+from autograder import calibrate, certificates, certify, cohort, practice, verify_page
 from autograder import course as course_mod
 from autograder import grade as grading
 from mgpu import data, synthetic
 from test_verify_page import CHROMIUM, _open, browser_root  # noqa: F401  (browser_root: a fixture)
 
 ROOT = Path(__file__).resolve().parents[1]
-SIZES = dict(train_images=6000, val_images=1000, test_images=2000)
+SIZES = dict(train_images=3000, val_images=500, test_images=1000)  # half the cpu row's: CI time
 
 
 def _idx_gz(path: Path, array: np.ndarray) -> str:
@@ -70,19 +70,26 @@ def test_calibrate_grade_certify_and_verify_on_a_real_dataset(tmp_path, real_fix
                                              "real": True}
     assert json.loads(path.read_text())["rows"] == [row]
 
-    # 2. Grade a reference and an unconverted submission on it.
+    # 2. Grade a reference submission on it, and practise an unconverted one on it (practice is the same
+    # grading, in a private copy of the course).
     profile, calibration = calibrate.resolve_profile(course.root, "gpu", 2)
     assert profile.official and calibration == row["calibration"] and "calibrated on" in profile.calibration
     notebooks = cohort.demo_notebooks(course.root)
-    for student in ("reference", "unconverted"):
-        folder = course.root / "submitted" / student / "assessment"
-        folder.mkdir(parents=True)
-        nbformat.write(notebooks[student], folder / "assessment.ipynb")
-    verdicts = {v.student: v for v in grading.grade_course(course.root, "assessment", profile, progress=False,
-                                                            log=lambda *a, **k: None)}
-    assert verdicts["reference"].passed, verdicts["reference"].reason
-    assert not verdicts["unconverted"].passed
-    assert verdicts["reference"].calibration == profile.calibration
+    folder = course.root / "submitted" / "reference" / "assessment"
+    folder.mkdir(parents=True)
+    nbformat.write(notebooks["reference"], folder / "assessment.ipynb")
+    [verdict] = grading.grade_course(course.root, "assessment", profile, progress=False, log=lambda *a, **k: None)
+    assert verdict.passed, verdict.reason
+    assert verdict.calibration == profile.calibration
+    nbformat.write(notebooks["unconverted"], tmp_path / "unconverted.ipynb")
+    practised = practice.practice(tmp_path / "unconverted.ipynb", profile, work_root=tmp_path / "practice",
+                                  log=lambda *a, **k: None)  # in this process: the real-data fixture is registered here
+    said = practice.summary(practised)
+    assert not practised.passed and said.startswith("FAIL on profile gpu (2 workers): ")
+    for words in cohort.EXPECTED["unconverted"][1]:  # the reasons the real grader gives it
+        assert words in said, said
+    assert said.endswith("practice only: no certificate, nothing recorded in the course's gradebook")
+    assert list((tmp_path / "practice").iterdir()) == []  # the private copy is gone
 
     # 3. Certify: the reference only, carrying the row's calibration.
     assert certify.issue_certificates(course.root, "assessment", profile, log=lambda *a: None) == ["reference"]
