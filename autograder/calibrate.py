@@ -30,9 +30,6 @@ import json
 import math
 import os
 import platform
-import re
-import shutil
-import subprocess
 import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
@@ -58,26 +55,11 @@ def rows_path(course_dir) -> Path:
 
 # ------------------------------------------------------------------------------------ the machine
 
-def gpu_models() -> list[str]:
-    """The model of each GPU the driver lists and CUDA_VISIBLE_DEVICES leaves visible (none: [])."""
-    smi = shutil.which("nvidia-smi")
-    if smi is None:
-        return []
-    try:
-        listed = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=20).stdout
-    except (OSError, subprocess.SubprocessError):
-        return []
-    models = [m.group(1).strip() for m in re.finditer(r"^GPU \d+: (.+?)(?: \(UUID.*)?$", listed, re.M)]
-    from mgpu import launch
-
-    return models[:launch.visible_gpu_count()]
-
-
 def machine() -> dict:
     """What a calibration was measured on, and what the grader compares before using an official row."""
     from mgpu import hardware, launch
 
-    gpus = gpu_models()
+    gpus = launch.visible_gpus()
     return {"gpus": gpus, "cpu": hardware._cpu_name(), "cores": launch.available_cores(),
             "summary": (f"{len(gpus)} x {gpus[0]}" if gpus and len(set(gpus)) == 1
                         else " + ".join(gpus) if gpus else f"CPU only: {hardware._cpu_name()}, "

@@ -127,23 +127,29 @@ def threads_per_worker(num_workers: int, cores: int | None = None) -> int:
     return max(1, cores // num_workers)
 
 
-def visible_gpu_count(environ: dict[str, str] | None = None) -> int:
-    """GPUs the driver lists (``nvidia-smi -L``) and CUDA_VISIBLE_DEVICES leaves visible, without
-    starting TensorFlow. 0 where there is no NVIDIA driver."""
+def visible_gpus(environ: dict[str, str] | None = None) -> list[str]:
+    """The model of each GPU the driver lists (``nvidia-smi -L``) and CUDA_VISIBLE_DEVICES leaves
+    visible, without starting TensorFlow. [] where there is no NVIDIA driver."""
     environ = os.environ if environ is None else environ
     smi = shutil.which("nvidia-smi")
     if smi is None:
-        return 0
+        return []
     try:
         listed = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=20).stdout
     except (OSError, subprocess.SubprocessError):
-        return 0
-    count = sum(line.startswith("GPU ") for line in listed.splitlines())
+        return []
+    models = [line.split(":", 1)[1].split(" (UUID")[0].strip() if ":" in line else ""
+              for line in listed.splitlines() if line.startswith("GPU ")]
     visible = environ.get("CUDA_VISIBLE_DEVICES")
     if visible is not None:
         chosen = [d for d in visible.split(",") if d.strip() and d.strip() != "-1"]
-        count = min(count, len(chosen))
-    return count
+        models = models[:len(chosen)]
+    return models
+
+
+def visible_gpu_count(environ: dict[str, str] | None = None) -> int:
+    """How many GPUs :func:`visible_gpus` finds."""
+    return len(visible_gpus(environ))
 
 
 def workers_use_gpus(num_workers: int, gpus: int) -> bool:
