@@ -55,7 +55,7 @@ import sys
 import threading
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
@@ -506,6 +506,28 @@ class RunResult:
     #: CPU seconds of every task of the run (cpuacct), at the first and latest epoch file and at the
     #: end ("first_epoch", "last_epoch", "end"; None without the cgroup)
     run_cpu_s: dict[str, float | None] = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        """As JSON (a run on a cluster node hands it to the grader): epoch files by name only."""
+        fields = asdict(self)
+        fields["epoch_files"] = {e: Path(p).name for e, p in self.epoch_files.items()}
+        return fields
+
+    @classmethod
+    def from_json(cls, fields: dict, folder: Path) -> "RunResult":
+        """The inverse of :meth:`to_json`, its epoch files in ``folder`` (JSON's string keys made ints
+        again). Raises ValueError for anything :meth:`to_json` cannot have written."""
+        try:
+            fields = dict(fields)
+            for name in ("epoch_seen_s", "epoch_files", "epoch_rejected", "horovod_workers"):
+                fields[name] = {int(k): v for k, v in fields[name].items()}
+            for epoch, file in fields["epoch_files"].items():
+                if not assessment.EPOCH_FILE.fullmatch(file) or int(assessment.EPOCH_FILE.fullmatch(file).group(1)) != epoch:
+                    raise ValueError(f"epoch {epoch}: {file!r} is not its file's name")
+                fields["epoch_files"][epoch] = Path(folder) / file
+            return cls(**fields)
+        except (KeyError, TypeError, AttributeError) as error:
+            raise ValueError(f"not a run's result: {error}") from None
 
     def workers_that_ran(self) -> dict[int, dict]:
         """The Horovod workers that count: with the launch service, only those whose rank and size
@@ -966,136 +988,161 @@ def run_notebook(folder: RunFolder, name: str, parameters: dict, *, keep: Path, 
                  isolate: bool = True, env: dict[str, str] | None = None) -> RunResult:
     """Execute ``folder.nb/name`` with papermill under the grader's limits.
 
-    Epoch files are copied into ``keep`` (a folder of the grader's) as they first appear.
+    Epoch files are copied into ``keep`` (a folder of the grader's) as they first appear. Whatever
+    happens here (an exception, a signal turned into one), nothing of the run survives.
     """
-    notebook = folder.nb / name
-    work = folder.root
-    marker = uuid.uuid4().hex
-    child_env = run_environment(folder.nb, marker, env)
-    read_end, write_end = os.pipe()
-    command = trusted_python("autograder.execute", str(notebook), str(folder.nb / "executed.ipynb"),
-                             json.dumps(parameters), "--result-fd", str(write_end))
-    cgroups = RunCgroups(marker, memory_limit_mb)
-    command, note, isolated = _wrap(command, work, hide=hide, work_parent=work_parent, isolate=isolate,
-                                    cgroups=cgroups, launch_service=True)
-    worker_uid = None
-    if isolated and RUN_UID != "-":
-        worker_uid = int(WORKER_UID)
-        child_env["MGPU_LAUNCH_SPOOL"] = LAUNCH_SPOOL
-    else:
-        note = "; ".join(n for n in (note, "no launch service: Horovod workers and their files cannot be "
-                                           "told apart from the kernel's") if n)
+    run = _NotebookRun(folder, keep, memory_limit_mb)
+    run.start(name, parameters, env, hide=hide, work_parent=work_parent, isolate=isolate)
+    try:
+        status, reason = run.watch(timeout_s)
+    finally:
+        run.stop()
+    return run.result(status, reason)
 
-    chunks: list[bytes] = []
 
-    def read_pipe():  # the run can write into this pipe too: keep at most MAX_RESULT_BYTES
+class _NotebookRun:
+    """One notebook run: started in the sandbox, watched against the limits, stopped, read."""
+
+    def __init__(self, folder: RunFolder, keep: Path, memory_limit_mb: float):
+        self.folder, self.memory_limit_mb = folder, memory_limit_mb
+        self.marker = uuid.uuid4().hex
+        self.cgroups = RunCgroups(self.marker, memory_limit_mb)
+        self.keep = keep
+        self.chunks: list[bytes] = []  # the result pipe's bytes
+        self.workers: dict[int, dict] = {}
+        self.launched: list[int] = []
+        self.run_cpu: dict[str, float | None] = {}  # the run's CPU seconds (cpuacct) at the first and latest epoch
+        self.pending: list[float] = []  # when each new epoch file was written, until the trail has a sample after it
+        self.peak = 0.0
+
+    def start(self, name: str, parameters: dict, env, *, hide, work_parent, isolate) -> None:
+        folder = self.folder
+        child_env = run_environment(folder.nb, self.marker, env)
+        read_end, write_end = os.pipe()
+        command = trusted_python("autograder.execute", str(folder.nb / name), str(folder.nb / "executed.ipynb"),
+                                 json.dumps(parameters), "--result-fd", str(write_end))
+        command, self.note, isolated = _wrap(command, folder.root, hide=hide, work_parent=work_parent,
+                                             isolate=isolate, cgroups=self.cgroups, launch_service=True)
+        self.worker_uid = None
+        if isolated and RUN_UID != "-":
+            self.worker_uid = int(WORKER_UID)
+            child_env["MGPU_LAUNCH_SPOOL"] = LAUNCH_SPOOL
+        else:
+            self.note = "; ".join(n for n in (self.note, "no launch service: Horovod workers and their files cannot "
+                                                         "be told apart from the kernel's") if n)
+        self.keeper = EpochKeeper(folder.output, self.keep, self.worker_uid)
+        self.started = time.monotonic()
+        self.popen = subprocess.Popen(command, cwd=folder.nb, env=child_env, stdin=subprocess.DEVNULL,
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                      start_new_session=True, pass_fds=(write_end,),
+                                      preexec_fn=_die_with(os.getpid()))
+        os.close(write_end)
+        self.reader = threading.Thread(target=self._read_pipe, args=(read_end,), daemon=True)
+        self.reader.start()
+        self.root = psutil.Process(self.popen.pid)
+        # Reading a process's environment waits for its memory map, which a fork bomb keeps busy:
+        # the workers are found in a thread of their own, so the limits never wait for it.
+        self.spotter = threading.Thread(target=_spot_workers, daemon=True,
+                                        args=(self.root, self.popen, self.workers, self.worker_uid, self.launched))
+        self.spotter.start()
+        self.trail = CpuTrail(self.workers, self.cgroups)
+
+    def _read_pipe(self, read_end: int) -> None:  # the run can write into this pipe too: keep at most MAX_RESULT_BYTES
         total = 0
         with os.fdopen(read_end, "rb") as pipe:
             for chunk in iter(lambda: pipe.read(1 << 16), b""):
                 total += len(chunk)
                 if total <= MAX_RESULT_BYTES:
-                    chunks.append(chunk)
+                    self.chunks.append(chunk)
                 else:
-                    chunks.clear()
+                    self.chunks.clear()
 
-    keeper = EpochKeeper(folder.output, keep, worker_uid)
-    started = time.monotonic()
-    popen = subprocess.Popen(command, cwd=folder.nb, env=child_env, stdin=subprocess.DEVNULL,
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                             start_new_session=True, pass_fds=(write_end,),
-                             preexec_fn=_die_with(os.getpid()))
-    os.close(write_end)
-    reader = threading.Thread(target=read_pipe, daemon=True)
-    reader.start()
+    def _poll_epochs(self, now: float) -> None:
+        known = set(self.keeper.seen)
+        self.keeper.poll(now)
+        self.pending.extend(sorted(self.keeper.written[e] for e in set(self.keeper.seen) - known))
 
-    peak = 0.0
-    status = ""
-    reason = ""
-    root = psutil.Process(popen.pid)
-    workers: dict[int, dict] = {}
-    # Reading a process's environment waits for its memory map, which a fork bomb keeps busy:
-    # the workers are found in a thread of their own, so the limits above never wait for it.
-    launched: list[int] = []
-    run_cpu: dict[str, float | None] = {}  # the run's CPU seconds (cpuacct) at the first and latest epoch
-    spotter = threading.Thread(target=_spot_workers, args=(root, popen, workers, worker_uid, launched), daemon=True)
-    spotter.start()
-    trail = CpuTrail(workers, cgroups)
-    pending: list[float] = []  # when each new epoch file was written, until the trail has a sample after it
+    def _note_marks(self) -> None:
+        while self.pending and (mark := self.trail.at(self.pending[0])) is not None:
+            _note_training_cpu(self.workers, self.run_cpu, mark)
+            self.pending.pop(0)
 
-    def poll_epochs(now: float) -> None:
-        known = set(keeper.seen)
-        keeper.poll(now)
-        pending.extend(sorted(keeper.written[e] for e in set(keeper.seen) - known))
-
-    def note_marks() -> None:
-        while pending and (mark := trail.at(pending[0])) is not None:
-            _note_training_cpu(workers, run_cpu, mark)
-            pending.pop(0)
-    try:
-        while popen.poll() is None:
-            now = time.monotonic() - started
+    def watch(self, timeout_s: float) -> tuple[str, str]:
+        """Until the run ends or breaks a limit: ``(status, reason)`` of a limit, ('', '') otherwise."""
+        while self.popen.poll() is None:
+            now = time.monotonic() - self.started
             # The cheap checks first: a fork bomb makes walking the process tree slow.
-            if cgroups.hit_pids_limit():
-                status, reason = "tasks", (f"too many processes/threads: the run hit the limit of {PIDS_MAX} "
-                                           "tasks (a fork bomb?) and was stopped")
-                break
+            if self.cgroups.hit_pids_limit():
+                return "tasks", (f"too many processes/threads: the run hit the limit of {PIDS_MAX} "
+                                 "tasks (a fork bomb?) and was stopped")
             if now > timeout_s:
-                status, reason = "timeout", f"timed out after {timeout_s:.0f} s"
-                break
-            poll_epochs(now)
-            note_marks()
-            trail.forget_before(pending[0] if pending else keeper.listed_at)
-            memory = cgroups.resident_mb()
+                return "timeout", f"timed out after {timeout_s:.0f} s"
+            self._poll_epochs(now)
+            self._note_marks()
+            self.trail.forget_before(self.pending[0] if self.pending else self.keeper.listed_at)
+            memory = self.cgroups.resident_mb()
             if memory is None:  # no memory cgroup: sum per process (shared pages count more than once)
-                memory = _rss_mb(_tree(root))
-            peak = max(peak, memory)
-            if memory > memory_limit_mb:
-                status, reason = "memory", (f"memory limit exceeded: {memory:.0f} MB > "
-                                            f"{memory_limit_mb:.0f} MB, the run was killed")
-                break
+                memory = _rss_mb(_tree(self.root))
+            self.peak = max(self.peak, memory)
+            if memory > self.memory_limit_mb:
+                return "memory", (f"memory limit exceeded: {memory:.0f} MB > "
+                                  f"{self.memory_limit_mb:.0f} MB, the run was killed")
             time.sleep(POLL_SECONDS)
-    finally:
-        end = time.monotonic() - started
-        tasks_peak, fork_limited, oom = cgroups.tasks_peak(), cgroups.hit_pids_limit(), cgroups.oom_killed()
-        memory_peak_mb = cgroups.peak_mb()
-        run_cpu["end"] = cgroups.cpu_s()
-        poll_epochs(end)  # appeared between the last poll and the end
-        trail.stop()
-        note_marks()
-        kill_run(popen, marker, cgroups)
-        reader.join(timeout=30)
-        spotter.join(timeout=10)
-    rewritten = keeper.rewritten()
-    keeper.close()
+        return "", ""
 
-    result = None
-    if chunks:
+    def stop(self) -> None:
+        """Take the last readings, then kill everything of the run (always called)."""
+        cgroups = self.cgroups
+        self.end = time.monotonic() - self.started
+        self.tasks_peak, self.fork_limited, self.oom = cgroups.tasks_peak(), cgroups.hit_pids_limit(), cgroups.oom_killed()
+        self.memory_peak_mb = cgroups.peak_mb()
+        self.run_cpu["end"] = cgroups.cpu_s()
+        self._poll_epochs(self.end)  # appeared between the last poll and the end
+        self.trail.stop()
+        self._note_marks()
+        kill_run(self.popen, self.marker, cgroups)
+        self.reader.join(timeout=30)
+        self.spotter.join(timeout=10)
+
+    def result(self, status: str, reason: str) -> RunResult:
+        rewritten = self.keeper.rewritten()
+        self.keeper.close()
         try:
-            result = json.loads(b"".join(chunks))
+            result = json.loads(b"".join(self.chunks)) if self.chunks else None
         except ValueError:
             result = None
-    if not isinstance(result, dict):
-        result = None
-    if not status and oom:
-        status, reason = "memory", (f"memory limit exceeded: more than {memory_limit_mb:.0f} MB, the kernel "
-                                    f"stopped the run at its hard cap ({memory_limit_mb * CGROUP_MEMORY_FACTOR:.0f} MB)")
-        peak = max(peak, memory_peak_mb)
-    if not status and fork_limited:
-        status, reason = "tasks", (f"too many processes/threads: the run hit the limit of {PIDS_MAX} tasks "
-                                   "(a fork bomb?) and was stopped")
-    if not status:
+        result = result if isinstance(result, dict) else None
+        if not status:
+            status, reason = self._status(result)
+        keeper = self.keeper
+        return RunResult(status=status, reason=reason, seconds=self.end,
+                         notebook=result.get("notebook") if result else None,
+                         epoch_seen_s=dict(sorted(keeper.seen.items())), epoch_files=dict(sorted(keeper.files.items())),
+                         epoch_rejected=keeper.rejected, rewritten=rewritten, peak_memory_mb=self.peak,
+                         isolation=self.note, horovod_workers=dict(sorted(self.workers.items())),
+                         tasks_peak=self.tasks_peak, worker_uid=self.worker_uid, launched=list(self.launched),
+                         run_cpu_s=dict(self.run_cpu))
+
+    def _status(self, result: dict | None) -> tuple[str, str]:
+        """Why a run that broke no limit of the watchdog's ended: the kernel's caps, else the pipe's word."""
+        limit = self.memory_limit_mb
+        if self.oom:
+            self.peak = max(self.peak, self.memory_peak_mb)
+            if self.memory_peak_mb and self.memory_peak_mb < 0.9 * limit * CGROUP_MEMORY_FACTOR:
+                # killed well under its own cap: by a cap around it (a Slurm job's --mem, a container's)
+                return "memory", (f"memory limit exceeded: the kernel stopped the run at {self.memory_peak_mb:.0f} MB, "
+                                  f"the memory of the job or container it ran in (the profile allows {limit:.0f} MB: "
+                                  "the cluster's --mem is too small for it)")
+            return "memory", (f"memory limit exceeded: more than {limit:.0f} MB, the kernel stopped the run at "
+                              f"its hard cap ({limit * CGROUP_MEMORY_FACTOR:.0f} MB)")
+        if self.fork_limited:
+            return "tasks", (f"too many processes/threads: the run hit the limit of {PIDS_MAX} tasks "
+                             "(a fork bomb?) and was stopped")
         if result is None:
-            status, reason = "kernel_died", "kernel died (it exited, crashed or ran out of memory): the run ended without a result"
-        else:
-            status = result["status"]
-            reason = {"ok": "",
-                      "cell_error": result["message"] or "a cell raised an error",
-                      "kernel_died": "kernel died (it exited, crashed or ran out of memory)"}.get(status, result["message"])
-            if status == "kernel_died" and result["message"]:
-                reason += f": {result['message']}"
-    return RunResult(status=status, reason=reason, seconds=end,
-                     notebook=result.get("notebook") if result else None,
-                     epoch_seen_s=dict(sorted(keeper.seen.items())), epoch_files=dict(sorted(keeper.files.items())),
-                     epoch_rejected=keeper.rejected, rewritten=rewritten, peak_memory_mb=peak, isolation=note,
-                     horovod_workers=dict(sorted(workers.items())), tasks_peak=tasks_peak, worker_uid=worker_uid,
-                     launched=list(launched), run_cpu_s=dict(run_cpu))
+            return "kernel_died", "kernel died (it exited, crashed or ran out of memory): the run ended without a result"
+        status = result["status"]
+        reason = {"ok": "", "cell_error": result["message"] or "a cell raised an error",
+                  "kernel_died": "kernel died (it exited, crashed or ran out of memory)"}.get(status, result["message"])
+        if status == "kernel_died" and result["message"]:
+            reason += f": {result['message']}"
+        return status, reason
