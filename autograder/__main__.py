@@ -2,7 +2,8 @@
 
 ``grade COURSE_DIR --assignment A --profile P --workers N`` grades every submission under
 ``COURSE_DIR/submitted/<student>/<assignment>/`` (or first imports a folder or zip of notebooks with
-``--submissions``), then prints one line per student and where the gradebook, the CSV and the HTML
+``--submissions``); with ``--backend slurm --shared-dir DIR [--partition P] [--account A]`` the
+notebooks run as a Slurm job array (:mod:`autograder.slurm`) and the rest stays here. It then prints one line per student and where the gradebook, the CSV and the HTML
 report are. Graded submissions, passed or not, give exit status 0. ``grade`` never loads the
 signing key: it notes which passes are eligible for a certificate. The profile is the course's
 calibrated row (``COURSE_DIR/autograder/profiles.json``) when it has one, else the built-in practice
@@ -37,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -61,6 +63,12 @@ def main(argv: list[str] | None = None) -> int:
     grade.add_argument("--no-progress", action="store_true")
     grade.add_argument("--allow-other-hardware", action="store_true",
                        help="grade with an official row calibrated on other hardware (its target and budget may not hold)")
+    grade.add_argument("--backend", choices=["local", "slurm"], default="local",
+                       help="where the notebooks run: this machine (default), or a Slurm cluster as a job array")
+    grade.add_argument("--shared-dir", help="slurm: a folder every node sees at the same path (default: "
+                       "shared_dir in COURSE/autograder/slurm.json)")
+    grade.add_argument("--partition", help="slurm: the partition to submit to (default: the cluster's)")
+    grade.add_argument("--account", help="slurm: the account to charge (default: yours)")
     practice = sub.add_parser("practice", help="grade your own notebook the way the grader would, before submitting")
     practice.add_argument("notebook", help="your assessment.ipynb")
     practice.add_argument("--course", default="assignments", help="the course folder whose profiles apply "
@@ -120,10 +128,20 @@ def main(argv: list[str] | None = None) -> int:
     from autograder import grade as grading
 
     try:
+        runner = None
+        if args.backend == "slurm":
+            from autograder import slurm
+
+            runner = slurm.SlurmRunner(slurm.ClusterSettings.load(
+                args.course_dir, shared_dir=args.shared_dir, partition=args.partition, account=args.account))
+            signal.signal(signal.SIGTERM, _stopped)  # cancel the jobs on the way out
+        elif args.shared_dir or args.partition or args.account:
+            print("error: --shared-dir, --partition and --account are for --backend slurm", file=sys.stderr)
+            return 2
         verdicts = grading.grade_course(args.course_dir, args.assignment, profile,
                                         submissions=args.submissions, force=args.force, jobs=args.jobs,
                                         isolate=not args.no_isolation, timeout_s=args.timeout,
-                                        progress=not args.no_progress)
+                                        progress=not args.no_progress, runner=runner)
     except CourseError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
@@ -135,6 +153,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"gradebook: {os.path.join(os.path.abspath(args.course_dir), 'gradebook.db')}\n"
           f"csv:       {os.path.join(results, 'grades.csv')}\nreport:    {os.path.join(results, 'report.html')}")
     return 0
+
+
+def _stopped(signum, frame):
+    """SIGTERM as an exception, so that the grader's clean-up (cancelling its Slurm jobs) runs."""
+    raise SystemExit(128 + signum)
 
 
 def _add_certificate_commands(sub) -> None:

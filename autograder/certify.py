@@ -96,7 +96,7 @@ def issue_certificates(course_dir, assignment: str, profile, *, key_path=None, l
             if record.get("certificate") or not on_profile:
                 continue
             why = certificates.why_no_certificate(profile, bool(record.get("dataset_real")),
-                                                  bool(record.get("passed")))
+                                                  bool(record.get("passed")), record.get("isolation", ""))
             if why is None:
                 if private_key is None:
                     private_key = certificates.load_private_key(key_path)

@@ -11,6 +11,10 @@ contain. The end-to-end test and ``benchmarks/autograder_cohort.py`` use them.
 - ``infinite_loop``: the reference whose training function never returns;
 - ``fake_accuracy``: prints a high accuracy without training, saves untrained weights and edits
   the locked outcome cell to print "PASSED".
+
+:func:`cluster_notebooks` gives a smaller cohort for a cluster's tests: ``reference``,
+``unconverted`` and ``time_out``, the reference whose training function sleeps forever (a time-out
+that, unlike ``infinite_loop``, leaves the cores it shares a node with to the other runs).
 """
 
 from __future__ import annotations
@@ -89,11 +93,22 @@ def demo_notebooks(course_dir: Path, assignment: str = "assessment") -> dict[str
     return notebooks
 
 
-def write_demo_cohort(course_dir: Path, assignment: str = "assessment") -> list[str]:
-    """Write the cohort into ``submitted/``; returns the student ids."""
+def cluster_notebooks(course_dir: Path, assignment: str = "assessment") -> dict[str, "nbformat.NotebookNode"]:
+    """reference, unconverted and time_out (see the module's docstring)."""
+    notebooks = demo_notebooks(course_dir, assignment)
+    sleeping = nbformat.from_dict(notebooks["reference"])
+    cell = _cell(sleeping, PROGRAM_CELL)
+    cell.source = _replace(cell.source, "    rank, size = 0, 1\n",
+                           "    rank, size = 0, 1\n    import time\n    time.sleep(10**6)  # never returns, and idle\n")
+    return {"reference": notebooks["reference"], "unconverted": notebooks["unconverted"], "time_out": sleeping}
+
+
+def write_demo_cohort(course_dir: Path, assignment: str = "assessment", notebooks: dict | None = None) -> list[str]:
+    """Write the cohort (default: :func:`demo_notebooks`) into ``submitted/``; returns the student ids."""
     course_dir = Path(course_dir)
-    for student, notebook in demo_notebooks(course_dir, assignment).items():
+    notebooks = demo_notebooks(course_dir, assignment) if notebooks is None else notebooks
+    for student, notebook in notebooks.items():
         folder = course_dir / "submitted" / student / assignment
         folder.mkdir(parents=True, exist_ok=True)
         nbformat.write(notebook, folder / f"{assignment}.ipynb")
-    return sorted(EXPECTED)
+    return sorted(notebooks)

@@ -5,8 +5,8 @@ submissions as Slurm jobs and running multi-node Horovod jobs under Slurm).
 
 `up` writes slurm.conf, gres.conf and cgroup.conf into DIR, which holds everything the cluster
 uses (state, spool, logs, pid files, its own munge key and socket), starts munged, slurmctld and
-two slurmd (nodes n1 and n2 on free ports of 127.0.0.1, each with 2 CPUs, 4096 MB and two fake
-GPUs, Gres=gpu:2), waits until both nodes are idle and prints the SLURM_CONF to export: Slurm's
+two slurmd (nodes n1 and n2 on free ports of 127.0.0.1, each with 2 CPUs, 12288 MB and two fake
+GPUs, Gres=gpu:2; declared, not measured: each job is held to its own --mem), waits until both nodes are idle and prints the SLURM_CONF to export: Slurm's
 commands find this cluster only through it. `down` stops all of it, removes the cgroup folders
 slurmd made (slurm_n1, slurm_n2) and is safe to call twice or after a crash. `status` says what runs.
 
@@ -30,7 +30,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_DIR = ROOT / "build" / "slurm-cluster"
 NODES = ("n1", "n2")
-CPUS, MEMORY_MB, GPUS = 2, 4096, 2  # per node, whatever the machine has (SlurmdParameters=config_overrides)
+CPUS, MEMORY_MB, GPUS = 2, 12288, 2  # per node, whatever the machine has (SlurmdParameters=config_overrides)
 INSTALL = "apt-get install -y --no-install-recommends slurmctld slurmd slurm-client munge"
 COMMANDS = ("munged", "slurmctld", "slurmd", "sinfo", "scontrol", "sbatch", "srun")
 MARK = "MGPU_SLURM_CLUSTER"  # in the daemons' environment, and so in slurmstepd's: finds them all

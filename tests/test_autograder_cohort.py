@@ -1,10 +1,13 @@
 """End to end: one command grades a cohort of five (reference, unconverted, crashing, infinite loop,
-fake accuracy) on real Horovod workers, with the expected verdicts and reasons."""
+fake accuracy) on real Horovod workers, with the expected verdicts and reasons; and, with its run step on
+a two-node Slurm cluster (``--backend slurm``), reference, unconverted and a time-out get the same verdicts."""
 
 import csv
 import json
+import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -110,3 +113,64 @@ def test_a_rerun_skips_what_is_graded(graded):
                             timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     assert f"skipping {len(students)} submission(s) already graded" in result.stdout
+
+
+# ------------------------------------------------------------------------------------------------
+# The same grader with its run step on a Slurm cluster (tests/slurm_fixtures.py: two nodes on this
+# machine): reference, unconverted and a time-out get the local backend's verdicts (those above).
+
+SLURM_TIMEOUT_S = 60  # the time-out here; the local cohort above ran with the profile's (120 s)
+
+
+@pytest.fixture(scope="module")
+def graded_on_slurm(graded, slurm_cluster, tmp_path_factory):
+    course_dir = tmp_path_factory.mktemp("cohort-slurm")
+    shared = tmp_path_factory.mktemp("shared")
+    course_mod.copy_course(course_dir)
+    cohort.write_demo_cohort(course_dir, notebooks=cohort.cluster_notebooks(course_dir))
+    command = [sys.executable, "-m", "autograder", "grade", str(course_dir), "--profile", "cpu", "--workers", "2",
+               "--backend", "slurm", "--shared-dir", str(shared), "--timeout", str(SLURM_TIMEOUT_S), "--no-progress"]
+    start = time.monotonic()
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=10 * 60, env=slurm_cluster.env)
+    seconds = time.monotonic() - start
+    assert result.returncode == 0, result.stderr[-3000:]
+    return course_dir, shared, command, result, seconds
+
+
+def _record(course_dir, student):
+    return json.loads((course_dir / "autograder" / "assessment" / f"{student}.json").read_text())
+
+
+def test_on_slurm_every_verdict_is_the_local_backends(graded, graded_on_slurm, capsys):
+    local_dir = graded[0]
+    course_dir, _, _, result, seconds = graded_on_slurm
+    with capsys.disabled():
+        print(f"\n[slurm] grading reference, unconverted and time_out as a Slurm job array on two nodes: "
+              f"{seconds:.1f} s (the time-out at {SLURM_TIMEOUT_S} s)")
+    for student, local_student in (("reference", "reference"), ("unconverted", "unconverted"),
+                                   ("time_out", "infinite_loop")):
+        mine, local = _record(course_dir, student), _record(local_dir, local_student)
+        same = ("passed", "outcome_passed", "run_status", "score", "max_score", "cell_scores", "isolation",
+                "horovod_workers_seen", "restored_cells", "discarded_facts")
+        assert {k: mine[k] for k in same} == {k: local[k] for k in same}, (student, mine["reason"], local["reason"])
+        timeout_words = lambda reason, s: reason.replace(f"timed out after {s} s", "timed out after N s")
+        assert timeout_words(mine["reason"], SLURM_TIMEOUT_S) == timeout_words(local["reason"], 120), \
+            (student, mine["reason"], local["reason"])
+        assert (mine["backend"], local["backend"]) == ("slurm", "local")
+        assert mine["run_host"] in ("n1", "n2") and re.fullmatch(r"\d+_[0-2]", mine["slurm_job"]), mine
+        print_line = [line for line in result.stdout.splitlines() if line.startswith(student + " ")]
+        assert print_line and ("PASS" if mine["passed"] else "FAIL") in print_line[0], result.stdout
+    assert _record(course_dir, "reference")["passed"] and "timed out after 60 s" in _record(course_dir, "time_out")["reason"]
+    reference = _record(course_dir, "reference")
+    assert reference["run_cpu_s"] and len(reference["epochs"]) >= 2  # measured here, from the node's epoch files
+
+
+def test_on_slurm_nothing_is_left_and_a_rerun_skips_what_is_graded(graded_on_slurm, slurm_cluster):
+    course_dir, shared, command, _, _ = graded_on_slurm
+    assert list(shared.iterdir()) == []  # the staged cohort is gone
+    assert slurm_cluster.run("squeue", "-h").stdout.strip() == ""
+    assert sandbox.processes_of_runs() == []
+    rerun = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300, env=slurm_cluster.env)
+    assert rerun.returncode == 0, rerun.stderr[-2000:]
+    assert "skipping 3 submission(s) already graded" in rerun.stdout + rerun.stderr
+    assert "submitted Slurm job array" not in rerun.stdout + rerun.stderr

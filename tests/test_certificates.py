@@ -335,7 +335,7 @@ def test_key_id_is_the_start_of_the_sha256_of_the_raw_public_key(keys):
 
 # ------------------------------------------------------------------------------ eligibility
 
-def test_practice_profiles_and_generated_data_earn_no_certificate():
+def test_practice_profiles_generated_data_and_unisolated_runs_earn_no_certificate():
     practice = assessment.profile("cpu", 2)
     official = dataclasses.replace(practice, name="gpu", dataset="fashion_mnist", official=True)
     assert certificates.why_no_certificate(official, dataset_is_real=True, passed=True) is None
@@ -346,6 +346,10 @@ def test_practice_profiles_and_generated_data_earn_no_certificate():
     both = certificates.why_no_certificate(practice, dataset_is_real=False, passed=True)
     assert "generated data (synthetic)" in both and "practice profile cpu" in both and "\n" not in both
     assert certificates.why_no_certificate(official, True, passed=False).startswith("not passed")
+    # A run the sandbox could not isolate (a cluster node whose jobs run as an ordinary user) earns none.
+    unisolated = certificates.why_no_certificate(official, True, True, isolation="unshare --net --mount --pid refused")
+    assert unisolated == ("the run was not isolated (unshare --net --mount --pid refused): certificates are issued "
+                          "for isolated runs only")
 
 
 # ----------------------------------------------------------------------------- command line

@@ -1,0 +1,336 @@
+"""The Slurm backend of the grader's run step: each submission's notebook runs as an element of one
+Slurm job array, on a cluster node; everything else stays on the grader's machine.
+
+``python -m autograder grade COURSE --backend slurm --shared-dir DIR [--partition P] [--account A]``
+(or the same settings in ``COURSE/autograder/slurm.json``, see :class:`ClusterSettings`):
+
+1. the grader validates and rebuilds every submission as for the local backend, then stages each
+   in a folder the nodes share (``DIR/mgpu-grade-<course>-<random>/``): the cohort's training and
+   validation data once (``data/``), and per submission its notebook, the indices of the training
+   images it gets (chosen with the course secret, which stays here) and ``task.json``;
+2. one ``sbatch --array`` asks, per element, for the profile's workers as cores
+   (``--cpus-per-task``), its GPUs (``--gres=gpu:N``, for a profile other than ``cpu``), memory
+   (``--mem``: the run's limit, the sandbox's kernel cap over it, and room for the node's runner)
+   and time (``--time``: the time-out and :data:`RUNNER_SLACK_S`, in whole minutes: a backstop
+   behind the sandbox's own clock); with ``--jobs N``, at most N elements run at once (``%N``);
+3. on the node, :mod:`autograder.node_run` runs the notebook in the same sandbox and under the
+   same watchdog as the local backend, and hands back the run's result and the epoch files it
+   copied; the grader's threads, woken by one poller of ``squeue``, then check, measure and grade
+   each submission here, as the local backend does.
+
+A job Slurm ends for its time or memory gets the local backend's verdict and reason (``timed out
+after N s``, ``memory limit exceeded``); a job that ends in any other way without a result (node
+failure, cancelled by someone else) is a fault of the grader: it is logged, not recorded, and a
+rerun grades it. Stopping the grader (Ctrl-C, SIGTERM) cancels its job array; a grader that was
+killed outright leaves its jobs and shared folder, and its rerun (the course's lock says no other
+grader is at work) cancels those jobs and removes that folder before it starts.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import re
+import secrets
+import shlex
+import shutil
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import nbformat
+import numpy as np
+
+from autograder import course as course_mod
+from autograder import node_run, sandbox
+
+#: The file of a course's cluster settings (the command line's flags override it).
+SETTINGS_FILE = "slurm.json"
+#: How often the poller asks squeue (s).
+POLL_S = 1.0
+#: The node's runner around the notebook: Python, copying the data in and the epochs out (s).
+RUNNER_SLACK_S = 120
+#: Memory for the node's runner, beside the run's own cap (MB).
+RUNNER_MEMORY_MB = 512
+#: After a job's end, how long its result may take to show in the shared folder (a network file
+#: system caches what a folder holds for a few seconds).
+RESULT_GRACE_S = 30
+#: States in which an element has not ended.
+ACTIVE = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "REQUEUE_HOLD",
+          "REQUEUE_FED", "RESIZING", "SIGNALING", "STAGE_OUT", "STOPPED", "RESV_DEL_HOLD"}
+#: Where Slurm is found when PATH lacks it (Debian puts the daemons in /usr/sbin, the commands in /usr/bin).
+_SEARCH = "/usr/local/bin:/usr/bin:/bin:/usr/local/sbin:/usr/sbin:/sbin"
+
+
+class SlurmError(course_mod.CourseError):
+    """Slurm refused, or cannot be reached: one line naming the fix."""
+
+
+def _which(name: str) -> str | None:
+    return shutil.which(name, path=f"{os.environ.get('PATH', '')}:{_SEARCH}")
+
+
+@dataclass
+class ClusterSettings:
+    """Where the grader's jobs go. ``COURSE/autograder/slurm.json`` may hold any of these fields;
+    the command line's ``--shared-dir``, ``--partition`` and ``--account`` override it."""
+
+    shared_dir: str = ""          # a folder every node sees at this same path (NFS, Lustre, BeeGFS ...)
+    partition: str = ""           # sbatch --partition ('' : the cluster's default)
+    account: str = ""             # sbatch --account ('' : the user's default)
+    sbatch_args: list = field(default_factory=list)  # anything else the site needs (--qos, --constraint ...)
+
+    @classmethod
+    def load(cls, course_dir, **overrides) -> "ClusterSettings":
+        path = Path(course_dir) / "autograder" / SETTINGS_FILE
+        fields = {}
+        if path.exists():
+            try:
+                fields = json.loads(path.read_text())
+                if not isinstance(fields, dict) or set(fields) - set(cls.__dataclass_fields__):
+                    raise ValueError(f"unknown fields {sorted(set(fields) - set(cls.__dataclass_fields__))}")
+                settings = cls(**fields)
+            except (ValueError, TypeError) as error:
+                raise SlurmError(f"{path} is not valid ({error}): write a JSON object with shared_dir, "
+                                 "partition, account, sbatch_args") from None
+        else:
+            settings = cls()
+        for name, value in overrides.items():
+            if value:
+                setattr(settings, name, value)
+        if not isinstance(settings.sbatch_args, list) or not all(isinstance(a, str) for a in settings.sbatch_args):
+            raise SlurmError(f"sbatch_args in {path} must be a list of strings, e.g. [\"--qos=short\"]")
+        return settings
+
+    def check(self) -> Path:
+        """The shared folder, once Slurm answers and the folder is usable; else SlurmError."""
+        missing = [c for c in ("sbatch", "squeue", "scancel") if _which(c) is None]
+        if missing:
+            raise SlurmError(f"Slurm's commands are not installed here ({', '.join(missing)} missing): grade on a "
+                             "machine that can submit jobs (a login node), or use --backend local")
+        if not self.shared_dir:
+            raise SlurmError("no shared folder: pass --shared-dir DIR (a folder every node sees at the same path) "
+                             f"or put \"shared_dir\" in COURSE/autograder/{SETTINGS_FILE}")
+        folder = Path(self.shared_dir).resolve()
+        if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
+            raise SlurmError(f"shared folder {folder} does not exist or is not writable: create it on the shared "
+                             "file system, or pass another --shared-dir")
+        conf = os.environ.get("SLURM_CONF")
+        if conf and not Path(conf).is_file():  # Slurm's commands would retry for a minute
+            raise SlurmError(f"SLURM_CONF names {conf}, which does not exist: point it at the cluster's slurm.conf, "
+                             "or unset it")
+        try:
+            done = subprocess.run([_which("squeue"), "-h", "-u", str(os.getuid()), "-o", "%i"], capture_output=True,
+                                  text=True, timeout=30)
+        except subprocess.TimeoutExpired:
+            raise SlurmError("Slurm does not answer (squeue took over 30 s): check that slurmctld runs, or use "
+                             "--backend local") from None
+        if done.returncode:
+            said = "; ".join(line.strip() for line in done.stderr.splitlines() if line.strip())[:200]
+            raise SlurmError(f"Slurm does not answer (squeue: {said or 'no message'}): check "
+                             "SLURM_CONF and that slurmctld runs, or use --backend local")
+        return folder
+
+
+@dataclass
+class _Task:
+    index: int
+    folder: Path
+    state: str = ""
+    node: str = ""
+    reason: str = ""
+    ended: threading.Event = field(default_factory=threading.Event)
+    ended_at: float | None = None   # monotonic, when the grader saw it end
+
+
+def job_name(course_root: Path) -> str:
+    """The name of a course's grading jobs (the same for every run of its grader)."""
+    return "mgpu-grade-" + hashlib.sha256(str(Path(course_root).resolve()).encode()).hexdigest()[:10]
+
+
+class SlurmRunner:
+    """Runs each submission as an element of one Slurm job array (see the module's docstring)."""
+
+    name = "slurm"
+    batch = True
+
+    def __init__(self, settings: ClusterSettings, log=print):
+        self.settings = settings
+        self.shared = settings.check()
+        self.log = log
+        self.tasks: dict[str, _Task] = {}
+        self.job_id: str | None = None
+        self.cancelled = threading.Event()
+        self.progress = lambda text: None
+        self._poller: threading.Thread | None = None
+        self._stop = threading.Event()
+
+    # ----------------------------------------------------------------------------- set-up
+
+    def _run(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+        return subprocess.run([_which(args[0]) or args[0], *args[1:]], capture_output=True, text=True,
+                              timeout=timeout)
+
+    def open(self, grader, work_root: Path) -> None:
+        """Cancel what a killed grader of this course left, and stage the cohort's data once."""
+        self.array_name = job_name(grader.course.root)
+        stale = self._run("squeue", "-h", "-u", str(os.getuid()), "-n", self.array_name, "-o", "%A").stdout.split()
+        if stale:
+            self._run("scancel", "-u", str(os.getuid()), "-n", self.array_name)
+            self.log(f"cancelled {len(set(stale))} Slurm job(s) left by an interrupted grading run of this course")
+        for old in self.shared.glob(f"{self.array_name}-*"):
+            shutil.rmtree(old, ignore_errors=True)
+        self.folder = self.shared / f"{self.array_name}-{secrets.token_hex(4)}"
+        (self.folder / "tasks").mkdir(parents=True)
+        shutil.copytree(grader.data_template, self.folder / "data")
+        self.timeout_s = grader.timeout_s
+        self.memory_mb = grader.profile.memory_limit_mb
+        self.profile = grader.profile
+        self.hide = [str(self.folder), *map(str, grader.hidden)]
+        self.isolate = grader.isolate
+
+    def prepare(self, grader, submission) -> None:
+        """Stage one submission: its notebook, its images' indices, its task."""
+        task = _Task(len(self.tasks), self.folder / "tasks" / str(len(self.tasks)))
+        task.folder.mkdir()
+        nbformat.write(submission.notebook, task.folder / grader.notebook_name)
+        np.save(task.folder / "keep.npy", grader.kept_images(submission.student))
+        parameters = grader.run_parameters("", "")  # the node puts its own folders in
+        (task.folder / "task.json").write_text(json.dumps({
+            "notebook": grader.notebook_name, "parameters": parameters, "timeout_s": self.timeout_s,
+            "memory_limit_mb": self.memory_mb, "isolate": self.isolate, "hide": self.hide,
+            "student": submission.student}))
+        self.tasks[submission.student] = task
+
+    # -------------------------------------------------------------------------- the array
+
+    def sbatch_args(self, count: int, jobs: int | None) -> list[str]:
+        """sbatch's options for an array of ``count`` runs of the profile (``jobs``: most at once)."""
+        workers = self.profile.workers
+        mem = math.ceil(self.memory_mb * sandbox.CGROUP_MEMORY_FACTOR) + RUNNER_MEMORY_MB
+        minutes = math.ceil((self.timeout_s + RUNNER_SLACK_S) / 60)
+        args = [f"--array=0-{count - 1}" + (f"%{jobs}" if jobs else ""), f"--job-name={self.array_name}",
+                "--ntasks=1", f"--cpus-per-task={workers}", f"--mem={mem}M", f"--time={minutes}",
+                f"--output={self.folder}/tasks/%a/slurm.out", f"--chdir={self.folder}", "--export=NONE",
+                "--parsable"]
+        if self.profile.name != "cpu":
+            args.append(f"--gres=gpu:{workers}")
+        if self.settings.partition:
+            args.append(f"--partition={self.settings.partition}")
+        if self.settings.account:
+            args.append(f"--account={self.settings.account}")
+        return args + list(self.settings.sbatch_args)
+
+    def batch_script(self) -> str:
+        """The array's script: the node's runner on this element's task, in ``python -I``."""
+        runner = sandbox.trusted_python("autograder.node_run", f"{self.folder}/tasks/$SLURM_ARRAY_TASK_ID")
+        command = " ".join(shlex.quote(a) for a in runner[:-1]) + f' "{runner[-1]}"'
+        return ("#!/bin/sh\n"
+                f"export PATH={_SEARCH} LANG=C.UTF-8\n"
+                f"exec {command}\n")
+
+    def launch(self, submissions, jobs: int | None) -> None:
+        if not submissions:
+            return
+        script = self.folder / "job.sh"
+        script.write_text(self.batch_script())
+        done = self._run("sbatch", *self.sbatch_args(len(self.tasks), jobs), str(script))
+        if done.returncode:
+            said = "; ".join(line.strip() for line in done.stderr.splitlines() if line.strip())[:300]
+            raise SlurmError(f"sbatch refused the grading jobs ({said or 'no message'}): check --partition, "
+                             f"--account and the sbatch_args in COURSE/autograder/{SETTINGS_FILE}")
+        self.job_id = done.stdout.strip().split(";")[0]
+        self.log(f"submitted Slurm job array {self.job_id} ({len(self.tasks)} runs; shared folder {self.folder})")
+        self._poller = threading.Thread(target=self._poll, daemon=True)
+        self._poller.start()
+
+    def _poll(self) -> None:
+        """Until every element has ended: their states, from squeue; wakes each one's waiting thread."""
+        by_index = {t.index: t for t in self.tasks.values()}
+        shown = ""
+        while not self._stop.is_set() and not all(t.ended.is_set() for t in by_index.values()):
+            try:
+                out = self._run("squeue", "-h", "-r", "-j", self.job_id, "-t", "all", "-o", "%i|%T|%N|%r",
+                                timeout=30).stdout
+            except subprocess.TimeoutExpired:
+                out = ""
+            listed = set()
+            for line in out.splitlines():
+                job, state, node, reason = (line.split("|") + ["", "", ""])[:4]
+                match = re.fullmatch(rf"{re.escape(self.job_id)}_(\d+)", job.strip())
+                if not match or int(match.group(1)) not in by_index:
+                    continue
+                task = by_index[int(match.group(1))]
+                listed.add(task.index)
+                task.state, task.node, task.reason = state.strip(), node.strip() or task.node, reason.strip()
+                if task.state not in ACTIVE and not task.ended.is_set():
+                    task.ended_at = time.monotonic()
+                    task.ended.set()
+            counts = {}
+            for task in by_index.values():
+                if not task.ended.is_set():
+                    counts[task.state.lower() or "submitted"] = counts.get(task.state.lower() or "submitted", 0) + 1
+            text = ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
+            if text != shown:
+                self.progress(text)
+                shown = text
+            self._stop.wait(POLL_S)
+
+    def run(self, grader, submission) -> None:
+        """Wait for the submission's element to end; take its result as the local backend would."""
+        task = self.tasks[submission.student]
+        while not task.ended.wait(1.0):
+            if self.cancelled.is_set():
+                raise SlurmError("grading was stopped: the Slurm jobs were cancelled")
+        submission.verdict.slurm_job = f"{self.job_id}_{task.index}"
+        submission.verdict.run_host = task.node
+        deadline = task.ended_at + RESULT_GRACE_S
+        found = node_run.read_result(task.folder)
+        while found is None and task.state == "COMPLETED" and time.monotonic() < deadline:
+            time.sleep(1.0)  # a network file system shows the result a little later
+            found = node_run.read_result(task.folder)
+        submission.run, submission.facts_files, submission.parameters = self.outcome(task, found)
+
+    def outcome(self, task: _Task, found) -> tuple[sandbox.RunResult, dict, dict]:
+        """The run, its facts files and its parameters, from the element's result and its final state:
+        Slurm's time and memory kills give the local backend's status and reason."""
+        limit = f"{self.memory_mb:.0f} MB"
+        memory = ("memory", f"memory limit exceeded: more than {limit}, Slurm stopped the run at the job's --mem")
+        timeout = ("timeout", f"timed out after {self.timeout_s:.0f} s")
+        by_slurm = {"OUT_OF_MEMORY": memory, "TIMEOUT": timeout, "DEADLINE": timeout}.get(task.state)
+        if found is None:
+            if by_slurm is None:
+                raise SlurmError(f"Slurm job {self.job_id}_{task.index} ended {task.state or 'unseen'}"
+                                 f"{' on ' + task.node if task.node else ''} without a result"
+                                 f"{' (' + task.reason + ')' if task.reason not in ('', 'None') else ''}; its "
+                                 f"output: {task.folder / 'slurm.out'}")
+            status, reason = by_slurm
+            run = sandbox.RunResult(status=status, reason=reason, seconds=self.timeout_s if status == "timeout" else 0.0,
+                                    notebook=None, isolation="Slurm ended the job before its runner reported")
+            return run, {}, {}
+        run, facts, record = found
+        if by_slurm is not None and run.status not in ("memory", "timeout"):
+            run.status, run.reason = by_slurm
+        return run, facts, record.get("parameters", {})
+
+    # --------------------------------------------------------------------------- stopping
+
+    def cancel(self) -> None:
+        """scancel the array (whatever of it has not ended); wake every waiting thread."""
+        self.cancelled.set()
+        if self.job_id and not all(t.ended.is_set() for t in self.tasks.values()):
+            self._run("scancel", self.job_id)
+            self.log(f"cancelled Slurm job array {self.job_id}")
+
+    def close(self) -> None:
+        if self.job_id and not all(t.ended.is_set() for t in self.tasks.values()):
+            self.cancel()
+        self._stop.set()
+        if self._poller is not None:
+            self._poller.join(timeout=30)
+        if getattr(self, "folder", None) is not None:
+            shutil.rmtree(self.folder, ignore_errors=True)
