@@ -30,6 +30,7 @@ The notebooks stay narrative; the code they call lives here, one module per conc
 - ``mgpu.model_parallel`` notebook 06's pipelines: GPipe schedules, bubble accounting, the timing harness
 - ``mgpu.compression`` notebook 06's 2-bit packing, byte counts, training with per-tensor compressors
 - ``mgpu.multinode`` notebook 06's host plans, multi-machine commands and their dry run
+- ``mgpu.slurm_horovod`` a Horovod job inside a Slurm allocation, started by srun without ssh or MPI
 - ``mgpu.serving``   notebook 07's inference server (Triton), load generator and queueing model
 - ``mgpu.assessment`` the assessment's fixed model, data hand-off, locked callbacks and targets table
 - ``mgpu.results``   each notebook's headline numbers (``build/results``) and figures

@@ -92,7 +92,8 @@ class LaunchResult:
         ]
         detail = "; ".join(problems) if problems else "all ranks reported success"
         first = failed_rank_line(self.output)
-        return f"horovodrun exited with status {self.returncode}: {detail}" + (f" ({first})" if first else "")
+        launcher = "the Slurm job" if self.command[:1] == ["sbatch"] else "horovodrun"
+        return f"{launcher} exited with status {self.returncode}: {detail}" + (f" ({first})" if first else "")
 
     def raise_for_status(self) -> "LaunchResult":
         if not self.ok:
@@ -301,16 +302,16 @@ def _kill_launch(popen: subprocess.Popen, launch_id: str) -> None:
 
 
 def horovodrun_command(num_workers: int, worker_argv: Sequence[str], start_timeout: int,
-                       hosts: str | None = None) -> list[str]:
+                       hosts: str | None = None, hostfile: str | os.PathLike | None = None) -> list[str]:
     """The horovodrun command line for ``num_workers`` workers over Gloo: all on this machine, or
-    spread over ``hosts`` (``"localhost:2,127.0.0.1:2"``, checked by :func:`_launch`)."""
+    spread over ``hosts`` (``"localhost:2,127.0.0.1:2"``) or a ``hostfile`` (checked by :func:`_launch`)."""
     horovodrun = shutil.which("horovodrun", path=str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", ""))
     if horovodrun is None:
         raise LaunchError("horovodrun not found: run `make setup` (it builds Horovod into .venv)")
     return [
         horovodrun,
         "-np", str(num_workers),
-        "-H", hosts or f"localhost:{num_workers}",
+        *(["--hostfile", str(hostfile)] if hostfile is not None else ["-H", hosts or f"localhost:{num_workers}"]),
         "--gloo",
         "--start-timeout", str(start_timeout),
         *worker_argv,
@@ -437,19 +438,20 @@ def _collect(num_workers: int, job_dir: Path, returncode: int | None, output: st
 
 
 def _launch(num_workers: int, job_dir: Path, timeout: float | None, verbose: bool | str,
-            env: dict[str, str] | None, start_timeout: int, hosts: str | None = None) -> LaunchResult:
+            env: dict[str, str] | None, start_timeout: int, hosts: str | None = None,
+            hostfile: str | os.PathLike | None = None) -> LaunchResult:
     if num_workers < 1:
         raise ValueError(f"num_workers must be at least 1, got {num_workers}")
     _Echo(verbose)  # a bad value is refused before anything starts
-    if hosts is not None:
+    if hosts is not None or hostfile is not None:
         from mgpu import multinode
 
         if env and CORES_VARIABLE in env:
             raise ValueError("cores_per_worker cannot be combined with hosts: the core slices follow the local "
                              "rank, which starts again at 0 on every host")
-        multinode.check_local_hosts(hosts, num_workers)
+        multinode.check_local_hosts(hosts, num_workers, hostfile=hostfile)
     if os.environ.get(SPOOL_VARIABLE):
-        if hosts is not None:
+        if hosts is not None or hostfile is not None:
             raise LaunchError("hosts cannot be passed under the grader: its launch service runs every worker "
                               "on the grading machine")
         if env:
@@ -473,7 +475,7 @@ def _launch(num_workers: int, job_dir: Path, timeout: float | None, verbose: boo
     package_root = str(Path(__file__).resolve().parents[1])
     child_env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, child_env.get("PYTHONPATH")) if p)
     command = horovodrun_command(
-        num_workers, [sys.executable, "-m", "mgpu._worker", str(job_dir)], start_timeout, hosts
+        num_workers, [sys.executable, "-m", "mgpu._worker", str(job_dir)], start_timeout, hosts, hostfile
     )
 
     lines: list[str] = []
@@ -509,7 +511,8 @@ def run(fn: Callable[..., Any], num_workers: int, args: Sequence[Any] = (),
         kwargs: dict[str, Any] | None = None, *, timeout: float | None = None,
         verbose: bool | str = True, env: dict[str, str] | None = None,
         start_timeout: int = DEFAULT_START_TIMEOUT, check: bool = True,
-        cores_per_worker: int | None = None, hosts: str | None = None) -> LaunchResult:
+        cores_per_worker: int | None = None, hosts: str | None = None,
+        hostfile: str | os.PathLike | None = None) -> LaunchResult:
     """Run ``fn(*args, **kwargs)`` on ``num_workers`` Horovod workers; return rank 0's value.
 
     ``fn`` is sent to the workers with cloudpickle, so a function defined in a notebook works.
@@ -519,18 +522,26 @@ def run(fn: Callable[..., Any], num_workers: int, args: Sequence[Any] = (),
     ``cores_per_worker`` (no GPU) each worker runs on its own slice of that many cores. ``hosts``
     (horovodrun's ``-H``, e.g. ``"localhost:2,127.0.0.1:2"``) spreads the workers over several
     host names; Horovod counts each name as a machine of its own, so two names of this machine give
-    a two-node job (notebook 06, section 6). Other machines need a folder shared with them for the
-    job's files, which this launcher does not set up: it refuses their names.
+    a two-node job (notebook 06, section 6); ``hostfile`` (horovodrun's ``--hostfile``, ``host slots=N``
+    lines) does the same from a file. Other machines need a folder shared with them for the job's files,
+    which this launcher does not set up: it refuses their names (:mod:`mgpu.slurm_horovod` runs a job
+    on the nodes of a Slurm allocation).
     """
     with _job_folder() as tmp:
         job_dir = Path(tmp)
-        with open(job_dir / "job.pkl", "wb") as f:
-            cloudpickle.dump({"kind": "function", "fn": fn, "args": tuple(args), "kwargs": kwargs or {}}, f)
-        # Workers see the caller's import path, so a function importable here is importable there.
-        (job_dir / "sys_path.json").write_text(json.dumps([p for p in sys.path if p]))
+        write_function_job(job_dir, fn, args, kwargs)
         result = _launch(num_workers, job_dir, timeout, verbose, _with_cores(env, cores_per_worker),
-                         start_timeout, hosts)
+                         start_timeout, hosts, hostfile)
     return result.raise_for_status() if check else result
+
+
+def write_function_job(job_dir: Path, fn: Callable[..., Any], args: Sequence[Any] = (),
+                       kwargs: dict[str, Any] | None = None) -> None:
+    """Leave ``fn(*args, **kwargs)`` in ``job_dir`` for :mod:`mgpu._worker` (job.pkl, sys_path.json)."""
+    with open(Path(job_dir) / "job.pkl", "wb") as f:
+        cloudpickle.dump({"kind": "function", "fn": fn, "args": tuple(args), "kwargs": kwargs or {}}, f)
+    # Workers see the caller's import path, so a function importable here is importable there.
+    (Path(job_dir) / "sys_path.json").write_text(json.dumps([p for p in sys.path if p]))
 
 
 def run_script(script: str | os.PathLike, num_workers: int, script_args: Sequence[str] = (), *,

@@ -6,11 +6,12 @@ start a job across machines, checked without running them.
 - :func:`horovodrun_argv` builds the command a learner types on the first machine (Gloo or MPI,
   ``-H`` or ``--hostfile``, the network interface); :func:`dry_run` parses it with ``horovodrun``'s
   own argument parser and matches ``-np`` against the slots, so a typo fails here, not on the cluster.
-- :func:`slurm_script` writes a Slurm batch script that runs the same job inside an allocation;
-  :func:`check_shell` checks its syntax with ``bash -n``.
+- :func:`slurm_script` writes a Slurm batch script that runs the same job inside an allocation
+  through ``horovodrun`` (which needs ssh between the nodes); :func:`check_shell` checks its syntax
+  with ``bash -n``. :mod:`mgpu.slurm_horovod` runs a job under Slurm without ssh and without MPI.
 - :func:`check_local_hosts` lets :func:`mgpu.launch.run` spread workers over several names of this
-  machine (``localhost``, ``127.0.0.1``): Horovod counts each name as a machine of its own, which
-  gives a real two-node job on one computer.
+  machine (``localhost``, ``127.0.0.1``, given as ``-H`` or a host file): Horovod counts each name as a
+  machine of its own, which gives a real two-node job on one computer.
 """
 
 from __future__ import annotations
@@ -169,10 +170,10 @@ def _this_machine() -> set[str]:
     return names
 
 
-def check_local_hosts(hosts: str, num_workers: int) -> None:
-    """Refuse, in one line, hosts that are not names of this machine or offer fewer slots than
-    ``num_workers`` (what :func:`mgpu.launch.run` can honour)."""
-    parsed = _parse(hosts, None)
+def check_local_hosts(hosts: str | None, num_workers: int, *, hostfile: str | os.PathLike | None = None) -> None:
+    """Refuse, in one line, hosts (``-H`` or a host file) that are not names of this machine or offer
+    fewer slots than ``num_workers`` (what :func:`mgpu.launch.run` can honour)."""
+    parsed = _parse(hosts, hostfile)
     foreign = [h.hostname for h in parsed if h.hostname not in _this_machine()]
     if foreign:
         raise ValueError(f"{', '.join(foreign)}: not this machine. The course's launcher runs workers on this "

@@ -75,6 +75,19 @@ def test_the_launcher_takes_only_this_machines_names():
         launch.run(print, 2, hosts="localhost:1,127.0.0.1:1", cores_per_worker=1)
 
 
+def test_the_launcher_takes_a_hostfile_like_the_hosts_flag(tmp_path):
+    hostfile = multinode.write_hostfile(tmp_path / "hosts", {"localhost": 2, "127.0.0.1": 2})
+    multinode.check_local_hosts(None, 4, hostfile=hostfile)
+    command = launch.horovodrun_command(4, ["python", "-m", "mgpu._worker", "job"], 60, hostfile=hostfile)
+    assert command[command.index("--hostfile") + 1] == str(hostfile) and "-H" not in command
+    assert multinode.dry_run(command).hostfile == str(hostfile)  # horovodrun's own parser takes it
+    foreign = multinode.write_hostfile(tmp_path / "cluster", {"gpu1": 4})
+    with pytest.raises(ValueError, match="not this machine"):
+        launch.run(print, 4, hostfile=foreign)
+    with pytest.raises(ValueError, match="either hosts"):
+        multinode.check_local_hosts("localhost:4", 4, hostfile=hostfile)
+
+
 def _where_and_sum():
     import mgpu  # noqa: F401  (Keras 2 on every stack)
     import horovod.tensorflow as hvd
