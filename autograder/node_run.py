@@ -79,27 +79,55 @@ def run_task(task_dir: Path) -> dict:
         sandbox.unmount_stale(work_root)
         shutil.rmtree(work_root, ignore_errors=True)
     record = {"run": run.to_json(), "node": socket.gethostname(), "slurm_node": os.environ.get("SLURMD_NODENAME", ""),
-              "parameters": parameters,
               "facts": {n: ({"rejected": str(d)} if isinstance(d, sandbox.Rejected)
                             else {"data": base64.b64encode(d).decode()}) for n, d in facts.items()}}
     _write_json_atomically(results / "result.json", record)
     return record
 
 
-def read_result(task_dir: Path) -> tuple[sandbox.RunResult, dict, dict] | None:
+#: Largest result.json the grader reads (the executed notebook, at most 64 MB, and small facts).
+MAX_RESULT_BYTES = sandbox.MAX_RESULT_BYTES + 2**20
+
+
+def read_result(task_dir: Path, keep: Path) -> tuple[sandbox.RunResult, dict, dict] | None:
     """``(run, facts files, the record)`` from a finished task's ``result/``; None if it wrote none.
 
-    Raises ValueError when the record is there but not one this module writes."""
-    path = Path(task_dir) / "result" / "result.json"
+    The shared folder is read as hostile data, as a run's own folder is: no link is followed, no
+    file larger than its cap is read, and each epoch file named in the record is copied into
+    ``keep`` (a folder of the grader's) before anything reads it; an epoch file that cannot be
+    taken is rejected with the reason. Raises ValueError when the record is not one this module
+    writes."""
+    results = Path(task_dir) / "result"
     try:
-        record = json.loads(path.read_text())
+        folder_fd = os.open(results, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except FileNotFoundError:
         return None
-    run = sandbox.RunResult.from_json(record["run"], path.parent)
-    facts = {name: (sandbox.Rejected(entry["rejected"]) if "rejected" in entry
-                    else base64.b64decode(entry["data"], validate=True))
-             for name, entry in record["facts"].items()}
-    return run, facts, record
+    except OSError as error:
+        raise ValueError(f"{results} cannot be opened as a folder ({error.strerror})") from None
+    try:
+        try:
+            record = json.loads(sandbox.read_regular(folder_fd, "result.json", MAX_RESULT_BYTES,
+                                                     fix="the node's runner writes it"))
+        except sandbox.Rejected as error:
+            if not os.path.lexists(results / "result.json"):
+                return None
+            raise ValueError(str(error)) from None
+        run = sandbox.RunResult.from_json(record["run"], keep)
+        Path(keep).mkdir(parents=True, exist_ok=True)
+        for epoch, copy in list(run.epoch_files.items()):
+            try:
+                copy.write_bytes(sandbox.read_regular(folder_fd, copy.name, sandbox.MAX_EPOCH_BYTES))
+            except sandbox.Rejected as error:
+                del run.epoch_files[epoch]
+                run.epoch_rejected[epoch] = str(error)
+        facts = {name: (sandbox.Rejected(entry["rejected"]) if "rejected" in entry
+                        else base64.b64decode(entry["data"], validate=True))
+                 for name, entry in record["facts"].items()}
+        return run, facts, record
+    except (KeyError, TypeError, AttributeError, UnicodeDecodeError) as error:
+        raise ValueError(f"{results / 'result.json'} is not a run's result ({type(error).__name__}: {error})") from None
+    finally:
+        os.close(folder_fd)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -177,6 +177,7 @@ class SlurmRunner:
 
     def open(self, grader, work_root: Path) -> None:
         """Cancel what a killed grader of this course left, and stage the cohort's data once."""
+        self.work_root = work_root
         self.array_name = job_name(grader.course.root)
         stale = self._run("squeue", "-h", "-u", str(os.getuid()), "-n", self.array_name, "-o", "%A").stdout.split()
         if stale:
@@ -288,15 +289,24 @@ class SlurmRunner:
                 raise SlurmError("grading was stopped: the Slurm jobs were cancelled")
         submission.verdict.slurm_job = f"{self.job_id}_{task.index}"
         submission.verdict.run_host = task.node
+        keep = self.work_root / f"{submission.tag}-kept"  # the grader's copies of the epoch files
+        submission.cleanup.append(lambda: shutil.rmtree(keep, ignore_errors=True))
         deadline = task.ended_at + RESULT_GRACE_S
-        found = node_run.read_result(task.folder)
+        found = node_run.read_result(task.folder, keep)
         while found is None and task.state == "COMPLETED" and time.monotonic() < deadline:
             time.sleep(1.0)  # a network file system shows the result a little later
-            found = node_run.read_result(task.folder)
-        submission.run, submission.facts_files, submission.parameters = self.outcome(task, found)
+            found = node_run.read_result(task.folder, keep)
+        run, submission.facts_files = self.outcome(task, found)
+        # the grader's own parameters (the clean test pass puts its folders in), never the record's
+        submission.parameters = grader.run_parameters("", "")
+        if os.geteuid() != 0:  # what the grader knows, whatever the result says
+            run.isolation = "; ".join(n for n in (
+                f"the Slurm job ran as uid {os.geteuid()}, not root: the node's sandbox could not isolate the run, "
+                "and the run could have written its own result", run.isolation) if n)
+        submission.run = run
 
-    def outcome(self, task: _Task, found) -> tuple[sandbox.RunResult, dict, dict]:
-        """The run, its facts files and its parameters, from the element's result and its final state:
+    def outcome(self, task: _Task, found) -> tuple[sandbox.RunResult, dict]:
+        """The run and its facts files, from the element's result and its final state:
         Slurm's time and memory kills give the local backend's status and reason."""
         limit = f"{self.memory_mb:.0f} MB"
         memory = ("memory", f"memory limit exceeded: more than {limit}, Slurm stopped the run at the job's --mem")
@@ -311,11 +321,11 @@ class SlurmRunner:
             status, reason = by_slurm
             run = sandbox.RunResult(status=status, reason=reason, seconds=self.timeout_s if status == "timeout" else 0.0,
                                     notebook=None, isolation="Slurm ended the job before its runner reported")
-            return run, {}, {}
-        run, facts, record = found
+            return run, {}
+        run, facts, _ = found
         if by_slurm is not None and run.status not in ("memory", "timeout"):
             run.status, run.reason = by_slurm
-        return run, facts, record.get("parameters", {})
+        return run, facts
 
     # --------------------------------------------------------------------------- stopping
 

@@ -118,10 +118,10 @@ def test_slurms_own_time_and_memory_kills_get_the_local_verdicts(tmp_path):
     runner.job_id, runner.timeout_s, runner.memory_mb = "7", 120, 6000
     for state, status, reason in (("TIMEOUT", "timeout", "timed out after 120 s"),
                                   ("OUT_OF_MEMORY", "memory", "memory limit exceeded: more than 6000 MB")):
-        run, facts, parameters = runner.outcome(slurm._Task(3, tmp_path, state=state, node="n2"), None)
+        run, facts = runner.outcome(slurm._Task(3, tmp_path, state=state, node="n2"), None)
         assert (run.status, facts, run.epoch_files) == (status, {}, {}) and run.reason.startswith(reason), run.reason
     ran_ok = sandbox.RunResult(status="ok", reason="", seconds=30.0, notebook=None)
-    run, _, _ = runner.outcome(slurm._Task(3, tmp_path, state="OUT_OF_MEMORY"), (ran_ok, {}, {}))
+    run, _ = runner.outcome(slurm._Task(3, tmp_path, state="OUT_OF_MEMORY"), (ran_ok, {}, {}))
     assert run.status == "memory"  # the job's state wins over a runner that saw nothing wrong
     for state in ("NODE_FAIL", "CANCELLED", "COMPLETED", ""):
         with pytest.raises(slurm.SlurmError, match=f"ended {state or 'unseen'}.* without a result"):
@@ -178,3 +178,41 @@ def test_the_array_asks_for_the_profiles_cores_gpus_memory_and_time(course, tmp_
                             f"--mem={8000 * 5 // 4 + slurm.RUNNER_MEMORY_MB}M", "--time=5"], args
         assert args[-3:] == ["--partition=gpu", "--account=course42", "--qos=short"], args  # the site's last
         assert [a for a in args if a.startswith("--gres")] == gres and "--export=NONE" in args, args
+
+
+def test_the_grader_reads_the_shared_folder_as_hostile_data(tmp_path):
+    """A result in the shared folder is copied out without following links or reading past caps:
+    an epoch file that is a link (to the grader's secret, say) is rejected, never read."""
+    from autograder import node_run
+
+    task = tmp_path / "task"
+    (task / "result").mkdir(parents=True)
+    secret = tmp_path / "grading_secret"
+    secret.write_text("0123456789abcdef\n")
+    (task / "result" / "epoch_000.npz").write_bytes(b"PK weights")
+    (task / "result" / "epoch_001.npz").symlink_to(secret)
+    run = sandbox.RunResult(status="ok", reason="", seconds=9.0, notebook=None, epoch_seen_s={0: 4.0, 1: 8.0},
+                            epoch_files={0: task / "result" / "epoch_000.npz", 1: task / "result" / "epoch_001.npz"})
+    record = {"run": run.to_json(), "node": "n1", "slurm_node": "n1",
+              "facts": {"facts-7.json": {"data": "e30="}, "facts-8.json": {"rejected": "a link"}}}
+    (task / "result" / "result.json").write_text(json.dumps(record))
+    keep = tmp_path / "kept"
+    got, facts, _ = node_run.read_result(task, keep)
+    assert got.epoch_files == {0: keep / "epoch_000.npz"} and (keep / "epoch_000.npz").read_bytes() == b"PK weights"
+    assert "is a link" in got.epoch_rejected[1] and not (keep / "epoch_001.npz").exists()
+    assert got.epoch_seen_s == {0: 4.0, 1: 8.0} and facts["facts-7.json"] == b"{}"
+    assert isinstance(facts["facts-8.json"], sandbox.Rejected)
+    # The record itself: a link is refused, and so is a file that is not a run's result.
+    (task / "result" / "result.json").unlink()
+    assert node_run.read_result(task, keep) is None  # not written (yet)
+    (task / "result" / "result.json").symlink_to(secret)
+    with pytest.raises(ValueError, match="is a link"):
+        node_run.read_result(task, keep)
+    (task / "result" / "result.json").unlink()
+    (task / "result" / "result.json").write_text(json.dumps({"run": {"status": "ok"}, "facts": {}}))
+    with pytest.raises(ValueError, match="not a run's result"):
+        node_run.read_result(task, keep)
+    record["run"]["epoch_files"] = {"0": "../../grading_secret"}
+    (task / "result" / "result.json").write_text(json.dumps(record))
+    with pytest.raises(ValueError, match="is not its file's name"):
+        node_run.read_result(task, keep)
