@@ -109,6 +109,7 @@ class Verdict:
     backend: str = "local"               # where the notebook ran: local, or slurm (autograder.runners)
     run_host: str = ""                   # the machine it ran on, when not the grader's (a Slurm node)
     slurm_job: str = ""                  # its Slurm job array element (JOB_INDEX)
+    queue_seconds: float = 0.0           # from submitting it to the grader seeing it run (in a cluster's queue)
     feedback: str = ""
     graded_at: str = ""
     notes: list = field(default_factory=list)        # what was set aside (cells added, reordered, ...)
@@ -131,7 +132,8 @@ class Verdict:
 
     @property
     def overhead_seconds(self) -> float:
-        return self.total_seconds - self.notebook_seconds
+        """The grader's own time on it: everything but the notebook's run and a wait in a cluster's queue."""
+        return self.total_seconds - self.notebook_seconds - self.queue_seconds
 
 
 @dataclass

@@ -144,6 +144,7 @@ class _Task:
     node: str = ""
     reason: str = ""
     ended: threading.Event = field(default_factory=threading.Event)
+    started_at: float | None = None  # monotonic, when the grader first saw it running (or ended)
     ended_at: float | None = None   # monotonic, when the grader saw it end
 
 
@@ -245,6 +246,7 @@ class SlurmRunner:
             raise SlurmError(f"sbatch refused the grading jobs ({said or 'no message'}): check --partition, "
                              f"--account and the sbatch_args in COURSE/autograder/{SETTINGS_FILE}")
         self.job_id = done.stdout.strip().split(";")[0]
+        self.submitted_at = time.monotonic()
         self.log(f"submitted Slurm job array {self.job_id} ({len(self.tasks)} runs; shared folder {self.folder})")
         self._poller = threading.Thread(target=self._poll, daemon=True)
         self._poller.start()
@@ -268,6 +270,8 @@ class SlurmRunner:
                 task = by_index[int(match.group(1))]
                 listed.add(task.index)
                 task.state, task.node, task.reason = state.strip(), node.strip() or task.node, reason.strip()
+                if task.started_at is None and task.state not in ("PENDING", "CONFIGURING", "REQUEUED"):
+                    task.started_at = time.monotonic()
                 if task.state not in ACTIVE and not task.ended.is_set():
                     task.ended_at = time.monotonic()
                     task.ended.set()
@@ -289,6 +293,7 @@ class SlurmRunner:
                 raise SlurmError("grading was stopped: the Slurm jobs were cancelled")
         submission.verdict.slurm_job = f"{self.job_id}_{task.index}"
         submission.verdict.run_host = task.node
+        submission.verdict.queue_seconds = round((task.started_at or task.ended_at) - self.submitted_at, 1)
         keep = self.work_root / f"{submission.tag}-kept"  # the grader's copies of the epoch files
         submission.cleanup.append(lambda: shutil.rmtree(keep, ignore_errors=True))
         deadline = task.ended_at + RESULT_GRACE_S

@@ -14,8 +14,9 @@ It prints, and writes to ``build/results/autograder_slurm.json``:
   and down (no daemon, process or cgroup folder left);
 - ``cohort_local_s`` / ``cohort_slurm_s``: the whole grading command, each backend;
 - ``overhead_local_s`` / ``overhead_slurm_s``: per submission that ran, the grader's time on it
-  minus the notebook's own run, averaged (for Slurm this includes the wait from submitting to the
-  element's start, and copying the result back);
+  minus the notebook's own run and (Slurm) its wait in the queue, averaged: for Slurm this is the
+  node's runner (data in, results out), the poller's delay and reading the result back;
+- ``queue_slurm_s``: each element's wait from sbatch until the grader saw it running;
 - ``trivial_array_s``: an array of 4 elements that run ``true`` (``--cpus-per-task=1``), from
   sbatch to the last one's end, asking squeue every 0.1 s: Slurm's own cost per job here;
 - ``same_verdicts``: whether both backends gave every student the same pass/fail, status and score.
@@ -110,7 +111,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"the cluster left {left}", file=sys.stderr)
     for name, records in (("local", local), ("slurm", on_slurm)):
         figures[f"overhead_{name}_s"] = round(statistics.mean(
-            r["total_seconds"] - r["notebook_seconds"] for r in records.values() if r["notebook_seconds"] > 0), 2)
+            r["overhead_seconds"] for r in records.values() if r["notebook_seconds"] > 0), 2)
+    figures["queue_slurm_s"] = {s: r["queue_seconds"] for s, r in sorted(on_slurm.items())}
     keys = ("passed", "run_status", "score")
     figures["same_verdicts"] = sorted(local) == sorted(on_slurm) and all(
         [local[s][k] for k in keys] == [on_slurm[s][k] for k in keys] for s in local)
@@ -118,8 +120,8 @@ def main(argv: list[str] | None = None) -> int:
     for student in sorted(local):
         print(f"{student:<12} local: notebook {local[student]['notebook_seconds']:5.1f} s, grader "
               f"{local[student]['total_seconds']:5.1f} s | slurm ({on_slurm[student]['slurm_job']} on "
-              f"{on_slurm[student]['run_host']}): notebook {on_slurm[student]['notebook_seconds']:5.1f} s, grader "
-              f"{on_slurm[student]['total_seconds']:5.1f} s")
+              f"{on_slurm[student]['run_host']}): queued {on_slurm[student]['queue_seconds']:4.1f} s, notebook "
+              f"{on_slurm[student]['notebook_seconds']:5.1f} s, grader {on_slurm[student]['total_seconds']:5.1f} s")
     print(json.dumps(figures, indent=1))
     print(results.write_results("autograder_slurm", figures, smoke=False, seed=0))
     return 0

@@ -158,6 +158,7 @@ def test_on_slurm_every_verdict_is_the_local_backends(graded, graded_on_slurm, c
             (student, mine["reason"], local["reason"])
         assert (mine["backend"], local["backend"]) == ("slurm", "local")
         assert mine["run_host"] in ("n1", "n2") and re.fullmatch(r"\d+_[0-2]", mine["slurm_job"]), mine
+        assert mine["queue_seconds"] >= 0 and local["queue_seconds"] == 0
         print_line = [line for line in result.stdout.splitlines() if line.startswith(student + " ")]
         assert print_line and ("PASS" if mine["passed"] else "FAIL") in print_line[0], result.stdout
     assert _record(course_dir, "reference")["passed"] and "timed out after 60 s" in _record(course_dir, "time_out")["reason"]
