@@ -119,7 +119,7 @@ def test_a_rerun_skips_what_is_graded(graded):
 # The same grader with its run step on a Slurm cluster (tests/slurm_fixtures.py: two nodes on this
 # machine): reference, unconverted and a time-out get the local backend's verdicts (those above).
 
-SLURM_TIMEOUT_S = 60  # the time-out here; the local cohort above ran with the profile's (120 s)
+SLURM_TIMEOUT_S = 50  # the time-out here (the reference's notebook takes 15-25 s); the local cohort above ran with the profile's (120 s)
 
 
 @pytest.fixture(scope="module")
@@ -161,7 +161,8 @@ def test_on_slurm_every_verdict_is_the_local_backends(graded, graded_on_slurm, c
         assert mine["queue_seconds"] >= 0 and local["queue_seconds"] == 0
         print_line = [line for line in result.stdout.splitlines() if line.startswith(student + " ")]
         assert print_line and ("PASS" if mine["passed"] else "FAIL") in print_line[0], result.stdout
-    assert _record(course_dir, "reference")["passed"] and "timed out after 60 s" in _record(course_dir, "time_out")["reason"]
+    assert _record(course_dir, "reference")["passed"]
+    assert f"timed out after {SLURM_TIMEOUT_S} s" in _record(course_dir, "time_out")["reason"]
     reference = _record(course_dir, "reference")
     assert reference["run_cpu_s"] and len(reference["epochs"]) >= 2  # measured here, from the node's epoch files
 

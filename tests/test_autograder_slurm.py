@@ -81,13 +81,13 @@ def test_a_killed_graders_jobs_are_cancelled_by_the_next_run(slurm_cluster, cour
     grader.kill()  # no clean-up at all: the job runs on, its folder stays
     grader.wait()
     assert slurm_cluster.job(element)["JobState"] == "RUNNING" and len(list(shared.iterdir())) == 1
-    rerun = subprocess.run(_grade(course, shared, "--timeout", "15"), cwd=ROOT, env=slurm_cluster.env,
+    rerun = subprocess.run(_grade(course, shared, "--timeout", "5"), cwd=ROOT, env=slurm_cluster.env,
                            capture_output=True, text=True, timeout=300)
     assert rerun.returncode == 0, rerun.stderr[-2000:]
     assert "cancelled 1 Slurm job(s) left by an interrupted grading run" in rerun.stdout, rerun.stdout
     assert slurm_cluster.job(element)["JobState"] == "CANCELLED"
     record = json.loads((course / "autograder" / "assessment" / "time_out.json").read_text())
-    assert (record["run_status"], record["reason"].split(";")[0]) == ("timeout", "timed out after 15 s")
+    assert (record["run_status"], record["reason"].split(";")[0]) == ("timeout", "timed out after 5 s")
     assert list(shared.iterdir()) == [] and sandbox.processes_of_runs() == []
 
 
