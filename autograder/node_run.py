@@ -60,6 +60,7 @@ def run_task(task_dir: Path) -> dict:
     from mgpu import data as data_mod
 
     hide = [Path(h) for h in task["hide"]] + [data_mod.cache_dir()]
+    sandbox.cleanup_stale_runs()  # cgroups a runner Slurm killed outright left on this node
     work_root = Path(tempfile.mkdtemp(prefix=NODE_PREFIX))
     try:
         folder = sandbox.RunFolder(work_root / "run")

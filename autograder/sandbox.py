@@ -103,10 +103,11 @@ MAX_RESULT_BYTES = 64 * 2**20
 #: Largest epoch file the watchdog copies (as mgpu.assessment.MAX_WEIGHTS_BYTES).
 MAX_EPOCH_BYTES = assessment.MAX_WEIGHTS_BYTES
 #: What the watchdog copies from one run at most: a run could otherwise save, wait for the copy,
-#: delete and save again, and fill the grader's disk far beyond its own quota. The reference saves
-#: one file per epoch (12 at most); 200 files and the run's own disk size in bytes are generous.
+#: delete and save again, and fill the grader's disk (or a cluster's shared folder, where a Slurm
+#: node's runner keeps its copies) far beyond its own quota. The reference saves one file of
+#: 0.4 MB per epoch (12 at most); 200 files and 64 MB (160 such files) are generous.
 MAX_KEPT_EPOCHS = 200
-MAX_KEPT_BYTES = RUN_DISK_MB * 2**20
+MAX_KEPT_BYTES = 64 * 2**20
 #: Variables of the grader's environment a run may see (their values are the grader's); every other
 #: one is dropped.
 PASSED_VARIABLES = ("LANG", "LC_ALL", "TZ", "LD_LIBRARY_PATH", "CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES",
@@ -757,7 +758,9 @@ def read_regular(folder_fd: int, name: str, max_bytes: int, owner: int | None = 
             chunks.append(chunk)
             total += len(chunk)
         if total > max_bytes:
-            raise Rejected(f"{name} is larger than the {max_bytes / 1e6:.0f} MB a file may have")
+            cap = f"{max_bytes / 1e6:.0f} MB" if max_bytes >= 1e6 else f"{max_bytes / 1e3:.0f} kB" \
+                if max_bytes >= 1e3 else f"{max_bytes} bytes"
+            raise Rejected(f"{name} is larger than the {cap} a file may have")
         return b"".join(chunks)
     finally:
         os.close(fd)

@@ -28,6 +28,7 @@ grader is at work) cancels those jobs and removes that folder before it starts.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import math
@@ -59,6 +60,9 @@ RUNNER_MEMORY_MB = 512
 #: After a job's end, how long its result may take to show in the shared folder (a network file
 #: system caches what a folder holds for a few seconds).
 RESULT_GRACE_S = 30
+#: Below this much free space in the shared folder, an element that ended without a result is
+#: taken for a full disk: the grader stops the cohort with one line (as locally), never blaming a student.
+MIN_FREE_MB = 256
 #: States in which an element has not ended.
 ACTIVE = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "REQUEUE_HOLD",
           "REQUEUE_FED", "RESIZING", "SIGNALING", "STAGE_OUT", "STOPPED", "RESV_DEL_HOLD"}
@@ -119,6 +123,10 @@ class ClusterSettings:
         if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
             raise SlurmError(f"shared folder {folder} does not exist or is not writable: create it on the shared "
                              "file system, or pass another --shared-dir")
+        inside = [p for p in sandbox._needed_paths() if p == folder or folder in p.parents]
+        if inside:  # runs cannot see the shared folder, and they need these
+            raise SlurmError(f"shared folder {folder} holds {inside[0]}, which every run needs (runs never see the "
+                             "shared folder): pass a folder of its own, e.g. DIR/mgpu-grading")
         conf = os.environ.get("SLURM_CONF")
         if conf and not Path(conf).is_file():  # Slurm's commands would retry for a minute
             raise SlurmError(f"SLURM_CONF names {conf}, which does not exist: point it at the cluster's slurm.conf, "
@@ -192,7 +200,7 @@ class SlurmRunner:
         self.timeout_s = grader.timeout_s
         self.memory_mb = grader.profile.memory_limit_mb
         self.profile = grader.profile
-        self.hide = [str(self.folder), *map(str, grader.hidden)]
+        self.hide = [str(self.shared), *map(str, grader.hidden)]  # the whole shared folder: other cohorts too
         self.isolate = grader.isolate
 
     def prepare(self, grader, submission) -> None:
@@ -302,6 +310,7 @@ class SlurmRunner:
             time.sleep(1.0)  # a network file system shows the result a little later
             found = node_run.read_result(task.folder, keep)
         run, submission.facts_files = self.outcome(task, found)
+        shutil.rmtree(task.folder, ignore_errors=True)  # collected: the shared folder holds only what runs
         # the grader's own parameters (the clean test pass puts its folders in), never the record's
         submission.parameters = grader.run_parameters("", "")
         if os.geteuid() != 0:  # what the grader knows, whatever the result says
@@ -318,6 +327,9 @@ class SlurmRunner:
         timeout = ("timeout", f"timed out after {self.timeout_s:.0f} s")
         by_slurm = {"OUT_OF_MEMORY": memory, "TIMEOUT": timeout, "DEADLINE": timeout}.get(task.state)
         if found is None:
+            if by_slurm is None and shutil.disk_usage(self.folder).free < MIN_FREE_MB * 2**20:
+                raise OSError(errno.ENOSPC, f"the shared folder {self.shared} is full (the element {self.job_id}_"
+                                            f"{task.index} ended {task.state} without a result)")
             if by_slurm is None:
                 raise SlurmError(f"Slurm job {self.job_id}_{task.index} ended {task.state or 'unseen'}"
                                  f"{' on ' + task.node if task.node else ''} without a result"

@@ -4,8 +4,10 @@ next run; Slurm's memory kill gets the local backend's verdict; bad cluster sett
 sbatch give one line naming the fix and record nothing. (The cohort's verdicts, local against
 Slurm, are in tests/test_autograder_cohort.py.)"""
 
+import errno
 import json
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -111,11 +113,12 @@ def test_a_run_over_the_jobs_memory_gets_the_memory_verdict(slurm_cluster, tmp_p
     assert sandbox.processes_of_runs() == []
 
 
-def test_slurms_own_time_and_memory_kills_get_the_local_verdicts(tmp_path):
+def test_slurms_own_time_and_memory_kills_get_the_local_verdicts(tmp_path, monkeypatch):
     """When Slurm ends an element before its runner reports (its --time, or a --mem kill of the runner
     itself), the verdict is the local backend's; any other end without a result is the grader's fault."""
     runner = slurm.SlurmRunner.__new__(slurm.SlurmRunner)
     runner.job_id, runner.timeout_s, runner.memory_mb = "7", 120, 6000
+    runner.folder = runner.shared = tmp_path
     for state, status, reason in (("TIMEOUT", "timeout", "timed out after 120 s"),
                                   ("OUT_OF_MEMORY", "memory", "memory limit exceeded: more than 6000 MB")):
         run, facts = runner.outcome(slurm._Task(3, tmp_path, state=state, node="n2"), None)
@@ -126,6 +129,12 @@ def test_slurms_own_time_and_memory_kills_get_the_local_verdicts(tmp_path):
     for state in ("NODE_FAIL", "CANCELLED", "COMPLETED", ""):
         with pytest.raises(slurm.SlurmError, match=f"ended {state or 'unseen'}.* without a result"):
             runner.outcome(slurm._Task(3, tmp_path, state=state), None)
+    # Without a result on a full shared folder: the disk's fault (the cohort stops), never a verdict.
+    free_mb = shutil.disk_usage(tmp_path).free / 2**20
+    monkeypatch.setattr(slurm, "MIN_FREE_MB", free_mb + 1024)
+    with pytest.raises(OSError, match="is full") as full:
+        runner.outcome(slurm._Task(3, tmp_path, state="FAILED"), None)
+    assert full.value.errno == errno.ENOSPC
 
 
 def test_bad_settings_and_a_refused_sbatch_give_one_line_and_record_nothing(slurm_cluster, course, tmp_path):
@@ -141,6 +150,7 @@ def test_bad_settings_and_a_refused_sbatch_give_one_line_and_record_nothing(slur
         return lines[0]
 
     assert "does not exist or is not writable" in grade(shared=tmp_path / "nowhere")
+    assert "which every run needs" in grade(shared=ROOT)  # runs never see the shared folder
     assert "SLURM_CONF names" in grade(env={**slurm_cluster.env, "SLURM_CONF": str(tmp_path / "none.conf")})
     dead = tmp_path / "dead.conf"  # a controller nobody runs
     dead.write_text(re.sub(r"SlurmctldPort=\d+", "SlurmctldPort=9", (slurm_cluster.folder / "slurm.conf").read_text()))
