@@ -48,6 +48,7 @@ import numpy as np
 
 from autograder import course as course_mod
 from autograder import node_run, sandbox
+from mgpu.slurm_horovod import ACTIVE_STATES
 
 #: The file of a course's cluster settings (the command line's flags override it).
 SETTINGS_FILE = "slurm.json"
@@ -63,9 +64,6 @@ RESULT_GRACE_S = 30
 #: Below this much free space in the shared folder, an element that ended without a result is
 #: taken for a full disk: the grader stops the cohort with one line (as locally), never blaming a student.
 MIN_FREE_MB = 256
-#: States in which an element has not ended.
-ACTIVE = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "REQUEUE_HOLD",
-          "REQUEUE_FED", "RESIZING", "SIGNALING", "STAGE_OUT", "STOPPED", "RESV_DEL_HOLD"}
 #: Where Slurm is found when PATH lacks it (Debian puts the daemons in /usr/sbin, the commands in /usr/bin).
 _SEARCH = "/usr/local/bin:/usr/bin:/bin:/usr/local/sbin:/usr/sbin:/sbin"
 
@@ -280,7 +278,7 @@ class SlurmRunner:
                 task.state, task.node, task.reason = state.strip(), node.strip() or task.node, reason.strip()
                 if task.started_at is None and task.state not in ("PENDING", "CONFIGURING", "REQUEUED"):
                     task.started_at = time.monotonic()
-                if task.state not in ACTIVE and not task.ended.is_set():
+                if task.state not in ACTIVE_STATES and not task.ended.is_set():
                     task.ended_at = time.monotonic()
                     task.ended.set()
             counts = {}

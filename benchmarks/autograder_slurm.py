@@ -27,7 +27,6 @@ It prints, and writes to ``build/results/autograder_slurm.json``:
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import shutil
 import statistics
@@ -38,13 +37,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-
-
-def _cluster_script():
-    spec = importlib.util.spec_from_file_location("slurm_cluster", ROOT / "scripts" / "slurm_cluster.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _grade(course_dir: Path, timeout: float, env: dict, *extra: str) -> tuple[float, dict]:
@@ -82,9 +74,9 @@ def main(argv: list[str] | None = None) -> int:
 
     from autograder import cohort
     from autograder import course as course_mod
-    from mgpu import paths, results
+    from mgpu import paths, results, slurm_horovod
 
-    script = _cluster_script()
+    script = slurm_horovod.cluster_script()
     base = paths.build_dir() / "autograder_slurm"
     shutil.rmtree(base / "courses", ignore_errors=True)
     courses = {name: base / "courses" / name for name in ("local", "slurm")}

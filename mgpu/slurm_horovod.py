@@ -412,7 +412,8 @@ class SlurmAccess:
     started_here: bool = False
 
 
-def _test_cluster_script():
+def cluster_script():
+    """scripts/slurm_cluster.py as a module (the course's test cluster), or None outside the repository."""
     path = paths.ROOT / "scripts" / "slurm_cluster.py"
     if not path.is_file():
         return None
@@ -443,7 +444,7 @@ def reach_slurm(cluster_folder: str | os.PathLike | None = None, *, start: bool 
         where = f"SLURM_CONF={env['SLURM_CONF']}" if env.get("SLURM_CONF") else "sinfo answers"
         yield SlurmAccess(env, f"Slurm: this machine's ({where}); the job waits in its queue like any other")
         return
-    cluster = _test_cluster_script()
+    cluster = cluster_script()
     why = None
     if cluster is None:
         why = "the course's scripts/slurm_cluster.py is not in this checkout"

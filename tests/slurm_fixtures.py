@@ -2,7 +2,6 @@
 for the module that asks for it, in a folder of its own, always brought down after the module.
 Skipped, with the apt-get command, only where Slurm's packages are not installed."""
 
-import importlib.util
 import subprocess
 import time
 from dataclasses import dataclass
@@ -10,12 +9,9 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "slurm_cluster.py"
-_spec = importlib.util.spec_from_file_location("slurm_cluster", SCRIPT)
-script = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(script)
+from mgpu.slurm_horovod import ACTIVE_STATES, cluster_script
 
-ACTIVE = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "RESIZING", "STAGE_OUT"}
+script = cluster_script()  # scripts/slurm_cluster.py
 
 
 @dataclass
@@ -44,7 +40,7 @@ class SlurmCluster:
         while True:
             out = self.run("squeue", "-h", "-r", "-j", job_id, "-t", "all", "-o", "%i %T", timeout=15).stdout
             states = dict(line.split() for line in out.splitlines())
-            if states and not ACTIVE & set(states.values()):
+            if states and not ACTIVE_STATES & set(states.values()):
                 return states
             if time.monotonic() > deadline:
                 raise TimeoutError(f"Slurm job {job_id} is still {states} after {timeout} s")
