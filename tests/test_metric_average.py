@@ -56,8 +56,7 @@ def _warm_up_over_two_epochs():
     model = tf.keras.Sequential([tf.keras.Input(shape=(2,)), tf.keras.layers.Dense(1)])
     model.compile(hvd.DistributedOptimizer(tf.keras.optimizers.SGD(0.4)), "mse")
     x = np.ones((16, 2), np.float32)
-    warm_up = hvd.callbacks.LearningRateWarmupCallback(initial_lr=0.4, warmup_epochs=2, steps_per_epoch=4,
-                                                       momentum_correction=False, verbose=0)
+    warm_up = hvd.callbacks.LearningRateWarmupCallback(initial_lr=0.4, warmup_epochs=2, steps_per_epoch=4, verbose=0)
     model.fit(x, x[:, :1], batch_size=4, epochs=3, verbose=0, callbacks=[warm_up, RecordRate()])
     return {"rates": rates, "size": hvd.size()}
 
