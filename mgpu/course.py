@@ -1,29 +1,86 @@
 """Execute the course's notebooks headless with papermill, as `make course` and the tests do.
 
-``python -m mgpu.course [--smoke] [--seed N] [NOTEBOOK ...]`` runs every notebook in
-``notebooks/`` (or the ones named) with its ``smoke`` and ``seed`` parameters set, writes the
-executed copies to ``build/notebooks/`` and prints how long each took. Each notebook writes its own
-figures and ``build/results/<stem>.json``.
+``python -m mgpu.course [--smoke] [--seed N] [NOTEBOOK ...]`` (``make course``) runs every notebook
+in ``notebooks/`` (or the ones named) with its ``smoke`` and ``seed`` parameters set, writes the
+executed copies to ``build/notebooks/``, carries on past a notebook that fails, and ends with one
+table of seconds and failures (exit status 1 if any failed). Each notebook writes its own figures
+and ``build/results/<stem>.json``.
+
+A notebook fails on an exception (a check that did not hold raises) or on a printed ``FAILED``
+line. A learner's run checks only what holds on any machine (exact sums, weights in sync, counts);
+the timing claims a lesson makes are in :data:`CLAIMS`, read from the results files.
 
 ``python -m mgpu.course --check --seeds 0 1`` (``make course-check``) is the course's own test of
 the setting learners run: every notebook for every seed, each seed in its own build folder
-(``build/course-check/seed<N>/``), carrying on past a failure. A notebook fails on an exception
-(a check that did not hold raises) or on a printed ``FAILED`` line. It prints one table (notebook
-by seed: seconds, or the failure), writes it to ``build/course-check/table.md`` and exits 1 if
-anything failed.
+(``build/course-check/seed<N>/``), carrying on past a failure, and every claim of :data:`CLAIMS`
+asserted on each run's results. It prints one table (notebook by seed: seconds, or the failure),
+writes it to ``build/course-check/table.md`` and exits 1 if anything failed.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from mgpu import paths
 
 NOTEBOOKS_DIR = paths.ROOT / "notebooks"
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A timing claim a lesson's prose makes, asserted by ``make course-check`` on every seed.
+
+    ``holds`` reads the notebook's results (``build/results/<stem>.json``); ``text`` is the claim
+    as the lesson states it; ``full_only``: the smoke setting is too short for it.
+    """
+
+    text: str
+    holds: Callable[[dict], bool]
+    full_only: bool = True
+
+
+#: The timing claims of each notebook (by stem), checked over seeds and never in a learner's run.
+CLAIMS: dict[str, list[Claim]] = {
+    "04_horovod": [
+        Claim("on the simulated accelerator, 2 workers run at least 1.8x one worker",
+              lambda r: r["speedup_by_workers"]["2"] >= 1.8),
+        Claim("on the simulated accelerator, 4 workers run at least 3.0x one worker",
+              lambda r: r["speedup_by_workers"]["4"] >= 3.0),
+        Claim("every worker's math fits in its device's time (no overrun)",
+              lambda r: r["device_overruns"] == 0),
+        Claim("B_simple from the workers' gradients is positive and finite",
+              lambda r: r["b_simple_from_workers"] is not None and r["b_simple_from_workers"] > 0),
+    ],
+}
+
+
+def claims_failed(stem: str, results_file: Path, *, smoke: bool) -> list[str]:
+    """The claims of ``stem`` that its results do not bear out (a missing file or key fails them all)."""
+    claims = [c for c in CLAIMS.get(stem, []) if not (smoke and c.full_only)]
+    if not claims:
+        return []
+    try:
+        record = json.loads(results_file.read_text())
+    except (OSError, ValueError) as error:
+        return [f"no results to check the claims against ({error})"]
+    failed = []
+    for claim in claims:
+        try:
+            held = bool(claim.holds(record))
+        except (KeyError, TypeError) as error:
+            held = False
+            failed.append(f"claim not checked ({type(error).__name__}: {error}): {claim.text}")
+            continue
+        if not held:
+            failed.append(f"claim did not hold: {claim.text}")
+    return failed
 
 
 def course_notebooks() -> list[Path]:
@@ -63,6 +120,22 @@ def printed_failures(executed: Path) -> list[str]:
     return lines
 
 
+def run_and_judge(notebook: Path, *, smoke: bool, seed: int, claims: bool = False,
+                  progress: bool = True) -> tuple[float, str | None]:
+    """Run one notebook; its seconds and the first problem (None when it passed)."""
+    started = time.monotonic()
+    try:
+        executed = run_notebook(notebook, smoke=smoke, seed=seed, progress=progress)
+        problem = next(iter(printed_failures(executed)), None)
+    except Exception as error:  # papermill's error ends with the failing cell's exception
+        text = str(error).strip()
+        problem = text.splitlines()[-1] if text else type(error).__name__
+    if problem is None and claims:
+        problem = next(iter(claims_failed(notebook.stem, paths.results_dir() / f"{notebook.stem}.json",
+                                          smoke=smoke)), None)
+    return time.monotonic() - started, problem
+
+
 def check(notebooks: list[Path], seeds: list[int], *, smoke: bool) -> int:
     """Run every notebook for every seed, carry on past failures, print and save the table."""
     root = paths.build_dir() / "course-check"
@@ -74,14 +147,7 @@ def check(notebooks: list[Path], seeds: list[int], *, smoke: bool) -> int:
             os.environ["MGPU_BUILD_DIR"] = str(root / f"seed{seed}")  # the kernels inherit it
             for notebook in notebooks:
                 print(f"== seed {seed}: {notebook.name} (smoke={smoke})", flush=True)
-                started = time.monotonic()
-                try:
-                    executed = run_notebook(notebook, smoke=smoke, seed=seed, progress=False)
-                    problem = next(iter(printed_failures(executed)), None)
-                except Exception as error:  # papermill's error ends with the failing cell's exception
-                    text = str(error).strip()
-                    problem = text.splitlines()[-1] if text else type(error).__name__
-                seconds = time.monotonic() - started
+                seconds, problem = run_and_judge(notebook, smoke=smoke, seed=seed, claims=True, progress=False)
                 failed += problem is not None
                 cells[notebook.stem][seed] = f"{seconds:.0f} s" + (f", FAILED: {problem[:200]}" if problem else "")
                 print(f"   {cells[notebook.stem][seed]}", flush=True)
@@ -124,25 +190,25 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.check:
         return check(notebooks, args.seeds, smoke=args.smoke)
-    timings = []
+    rows, failed = [], 0
     for notebook in notebooks:
         print(f"== {notebook.name} (smoke={args.smoke}, seed={args.seed})", flush=True)
-        started = time.monotonic()
-        try:
-            output = run_notebook(notebook, smoke=args.smoke, seed=args.seed)
-        except Exception as error:  # papermill's errors name the failing cell
-            print(f"FAILED {notebook.name} after {time.monotonic() - started:.0f} s: "
-                  f"{str(error).strip().splitlines()[-1] if str(error).strip() else type(error).__name__}"
-                  f"\n  executed copy with the error: {paths.build_dir() / 'notebooks' / notebook.name}",
-                  file=sys.stderr)
-            return 1
-        timings.append((notebook.name, time.monotonic() - started))
-        print(f"   done in {timings[-1][1]:.0f} s -> {output}", flush=True)
-    print("\n".join(["", "notebook                          seconds"]
-                    + [f"{name:<33} {seconds:7.0f}" for name, seconds in timings]))
-    print(f"results: {paths.results_dir()}  figures: {paths.figures_dir()}")
-    return 0
-
+        seconds, problem = run_and_judge(notebook, smoke=args.smoke, seed=args.seed)
+        failed += problem is not None
+        rows.append((notebook.name, seconds, problem))
+        if problem:
+            print(f"   FAILED after {seconds:.0f} s: {problem[:300]}\n   executed copy with the error: "
+                  f"{paths.build_dir() / 'notebooks' / notebook.name}; carrying on with the next notebook",
+                  file=sys.stderr, flush=True)
+        else:
+            print(f"   done in {seconds:.0f} s", flush=True)
+    print("\n".join(["", f"{'notebook':<36} {'seconds':>7}  result"]
+                    + [f"{name:<36} {seconds:7.0f}  {'FAILED: ' + problem[:200] if problem else 'passed'}"
+                       for name, seconds, problem in rows]
+                    + [f"{'total':<36} {sum(r[1] for r in rows):7.0f}  {failed} failed"]))
+    print(f"executed copies: {paths.build_dir() / 'notebooks'}  results: {paths.results_dir()}  "
+          f"figures: {paths.figures_dir()}")
+    return 1 if failed else 0
 
 if __name__ == "__main__":
     raise SystemExit(main())

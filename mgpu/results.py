@@ -1,8 +1,9 @@
 """A notebook's headline numbers and figures, written where runs can be compared.
 
 Each notebook writes one flat JSON file, ``build/results/<notebook-stem>.json``, that always records
-the dataset fingerprint (or null when the notebook used no dataset), the ``smoke`` flag and the
-``seed``; figures go to ``build/figures/``.
+the dataset fingerprint (or null when the notebook used no dataset), the ``smoke`` flag, the
+``seed`` and, for a notebook of the course, ``prose_words`` (the words of its markdown cells, the
+course's budget); figures go to ``build/figures/``.
 """
 
 from __future__ import annotations
@@ -16,6 +17,23 @@ from pathlib import Path
 from typing import Any
 
 from mgpu import paths
+
+
+def prose_words(notebook: str | os.PathLike) -> int:
+    """The words of a notebook's prose: its markdown cells, without fenced code blocks."""
+    import nbformat
+
+    words = 0
+    for cell in nbformat.read(notebook, as_version=4).cells:
+        if cell.cell_type != "markdown":
+            continue
+        fenced = False
+        for line in cell.source.splitlines():
+            if line.lstrip().startswith("```"):
+                fenced = not fenced
+            elif not fenced:
+                words += len(line.split())
+    return words
 
 
 def _flat_value(key: str, value: Any) -> Any:
@@ -46,6 +64,9 @@ def write_results(stem: str, values: dict[str, Any], *, dataset=None, smoke: boo
         "seed": int(seed),
         "written_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
+    notebook = paths.ROOT / "notebooks" / f"{stem}.ipynb"
+    if notebook.is_file():
+        record["prose_words"] = prose_words(notebook)
     for key, value in values.items():
         if key in record:
             raise ValueError(f"results key {key!r} is reserved")

@@ -42,3 +42,40 @@ def test_notebooks_are_named_by_number_or_path(tmp_path, capsys):
     assert course.by_number("03").name.startswith("03_") and course.by_number("3") == course.by_number("03")
     assert course.by_number("notebooks/03_input_pipeline.ipynb") == course.by_number("03")
     assert course.main(["99", "--smoke"]) == 2 and "no such notebook" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_course_carries_on_past_a_failure_and_ends_with_one_table(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("MGPU_BUILD_DIR", str(tmp_path / "build"))
+    notebooks = [
+        _notebook(tmp_path / "01_raises.ipynb", "raise RuntimeError('the ring lost a chunk')"),
+        _notebook(tmp_path / "02_prints.ipynb", "print('step 3: FAILED')"),
+        _notebook(tmp_path / "03_fine.ipynb", "print('all good', seed)"),
+    ]
+    assert course.main([str(p) for p in notebooks] + ["--smoke", "--seed", "5"]) == 1
+    out, err = capsys.readouterr()
+    rows = {line.split()[0]: line for line in out.splitlines() if line.startswith("0")}
+    assert "FAILED: RuntimeError: the ring lost a chunk" in rows["01_raises.ipynb"]
+    assert "FAILED: step 3: FAILED" in rows["02_prints.ipynb"]
+    assert rows["03_fine.ipynb"].endswith("passed")  # it ran although two notebooks before it failed
+    assert "all good 5" in (tmp_path / "build" / "notebooks" / "03_fine.ipynb").read_text()
+    assert "2 failed" in out and "carrying on with the next notebook" in err
+    assert course.main([str(notebooks[2]), "--smoke"]) == 0
+
+
+def test_claims_are_read_from_the_results(tmp_path, monkeypatch):
+    results_file = tmp_path / "x.json"
+    monkeypatch.setitem(course.CLAIMS, "99_x", [
+        course.Claim("four workers at least 3x one", lambda r: r["speedup"]["4"] >= 3.0),
+        course.Claim("ran", lambda r: r["ran"], full_only=False),
+    ])
+    results_file.write_text('{"speedup": {"4": 3.4}, "ran": true}')
+    assert course.claims_failed("99_x", results_file, smoke=False) == []
+    results_file.write_text('{"speedup": {"4": 2.9}, "ran": true}')
+    assert course.claims_failed("99_x", results_file, smoke=False) == [
+        "claim did not hold: four workers at least 3x one"]
+    assert course.claims_failed("99_x", results_file, smoke=True) == []  # too short a run for that claim
+    results_file.write_text('{"ran": true}')
+    assert "claim not checked (KeyError" in course.claims_failed("99_x", results_file, smoke=False)[0]
+    assert "no results" in course.claims_failed("99_x", tmp_path / "missing.json", smoke=True)[0]
+    assert course.claims_failed("00_none", results_file, smoke=False) == []
