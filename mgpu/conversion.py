@@ -42,7 +42,7 @@ import time
 
 import numpy as np
 
-from mgpu import callbacks, data, models  # first: on TensorFlow 2.16+ it makes tf.keras Keras 2, as Horovod needs
+from mgpu import accelerator, callbacks, data, models  # first: on TensorFlow 2.16+ it makes tf.keras Keras 2, as Horovod needs
 import tensorflow as tf
 import horovod.tensorflow.keras as hvd  # @init
 
@@ -104,14 +104,16 @@ model.compile(optimizer=optimizer,
               metrics=["accuracy"])
 
 throughput = callbacks.Throughput(args.batch * size, warmup_batches=2)
-fit_callbacks = [throughput]
+# Launched with a device profile (the course's simulated accelerator, for a machine without a GPU
+# per worker), each step takes this worker's modelled device's time; otherwise this does nothing.
+device = accelerator.ModelledDevice(args.batch)
+fit_callbacks = [throughput, device]
 fit_callbacks.append(hvd.callbacks.BroadcastGlobalVariablesCallback(root_rank=0))  # @broadcast
 fit_callbacks.append(hvd.callbacks.MetricAverageCallback())  # @metric_average
-# From lr / size up to lr over the warm-up (Goyal et al. 2017). Keras 2.15 keeps momentum as a  # @scale_lr
-# constant of the compiled step, so Horovod's momentum correction must stay off.  # @scale_lr
+# From lr / size up to lr over the warm-up (Goyal et al. 2017); as the rate rises, Horovod rescales  # @scale_lr
+# the momentum's velocity by the same factor (the paper's momentum correction).  # @scale_lr
 fit_callbacks.append(hvd.callbacks.LearningRateWarmupCallback(  # @scale_lr
-    initial_lr=lr, warmup_epochs=args.warmup_epochs, momentum_correction=False,  # @scale_lr
-    steps_per_epoch=steps_per_epoch))  # @scale_lr
+    initial_lr=lr, warmup_epochs=args.warmup_epochs, steps_per_epoch=steps_per_epoch))  # @scale_lr
 # After any warm-up the rate falls to zero along half a cosine (Loshchilov & Hutter 2017), so the
 # final accuracy says where training settled, not where its last large step landed.
 decay_from = args.warmup_epochs  # @scale_lr
@@ -134,6 +136,7 @@ seconds = time.perf_counter() - started
 # ---- Measurements for the lab (not part of the conversion) ----
 report = {{"size": size, "steps_per_epoch": steps_per_epoch,
           "seconds": seconds, "images_per_s": throughput.median,
+          "device": device.profile.name if device.active else None, "device_overruns": device.overruns,
           "history": {{k: [float(v) for v in vs] for k, vs in history.history.items()}}}}
 flat = np.concatenate([w.ravel() for w in model.get_weights()])  # @init
 every_rank = hvd.allgather(tf.constant(flat[None, :])).numpy()  # @init

@@ -633,27 +633,38 @@ def ring_allreduce_steps(steps, name: str = "04_ring_allreduce"):
     return fig
 
 
-def scaling(images_per_s: dict, name: str = "04_scaling"):
-    """Images/s against the number of workers, with the ideal line, and the scaling efficiency."""
+def scaling(images_per_s: dict, name: str = "04_scaling", real_cores: dict | None = None,
+            label: str = "measured"):
+    """Speed-up against the number of workers, with the ideal line, and the scaling efficiency.
+
+    ``images_per_s`` is the lesson's measurement (``label``); ``real_cores``, if given, the same runs
+    on the machine's cores alone, drawn beside it.
+    """
     workers = sorted(images_per_s)
-    rates = [images_per_s[w] for w in workers]
+    series = {label: images_per_s, **({"real cores alone": real_cores} if real_cores else {})}
     fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.6))
-    left.plot(workers, rates, "o-", label="measured")
-    left.plot(workers, [rates[0] * w for w in workers], "k--", label="ideal (N x one worker)")
+    left.plot(workers, workers, "k--", lw=0.8, label="ideal (N x one worker)")
+    for (text, rates), style in zip(series.items(), ("o-", "s:")):
+        left.plot(workers, [rates[w] / rates[workers[0]] * workers[0] for w in workers], style, label=text)
     left.set_xlabel("workers (Horovod processes)")
-    left.set_ylabel("images per second (all workers)")
+    left.set_ylabel("speed-up over one worker (images/s)")
     left.set_xticks(workers)
     left.legend(fontsize=8)
     left.grid(alpha=0.3)
-    left.set_title("Throughput", fontsize=10)
-    eff = [images_per_s[w] / (w * rates[0]) for w in workers]
-    right.bar([str(w) for w in workers], eff, color="tab:orange")
-    for i, e in enumerate(eff):
-        right.text(i, e, f"{e:.2f}", ha="center", va="bottom", fontsize=8)
+    left.set_title("Speed-up", fontsize=10)
+    width = 0.8 / len(series)
+    for k, ((text, rates), colour) in enumerate(zip(series.items(), ("tab:orange", "tab:gray"))):
+        eff = [rates[w] / (w * rates[workers[0]] / workers[0]) for w in workers]
+        xs = [i + (k - (len(series) - 1) / 2) * width for i in range(len(workers))]
+        right.bar(xs, eff, width=width, color=colour, label=text)
+        for x, e in zip(xs, eff):
+            right.text(x, e, f"{e:.2f}", ha="center", va="bottom", fontsize=8)
+    right.set_xticks(range(len(workers)), [str(w) for w in workers])
     right.axhline(1.0, color="k", ls="--", lw=0.8)
     right.set_xlabel("workers")
     right.set_ylabel("scaling efficiency  T_N / (N T_1)")
-    right.set_ylim(0, 1.15)
+    right.set_ylim(0, 1.2)
+    right.legend(fontsize=7, loc="lower left")
     right.set_title("Efficiency", fontsize=10)
     fig.tight_layout()
     save_figure(fig, name)

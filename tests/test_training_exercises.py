@@ -1,11 +1,14 @@
-"""The exercises that train: notebook 04's conversion of a training function to Horovod and
+"""The exercises that train: notebook 04's conversion of a training script to Horovod and
 notebook 05's recipe. The learner's copy hides the solutions, and the tests reject wrong answers.
 
 The graded test cell of notebook 04's exercise 2 is run, as nbgrader would run it, against the
-reference solution and against two incomplete conversions taken from it.
+reference solution (the script its ``%%writefile`` cell writes) and against two incomplete
+conversions taken from it.
 """
 
+import json
 import re
+import shutil
 from pathlib import Path
 
 import nbformat
@@ -63,22 +66,34 @@ def _without_block(source: str, index: int) -> str:
     return source[:block.start()] + f"{block.group(1)}pass\n" + source[block.end():]
 
 
-def _run_test_cell(solution_source: str):
+def _run_test_cell(solution_source: str, lab_dir: Path):
+    """What the notebook does: the ``%%writefile`` cell saves the script, then the test cell runs."""
     _, cells = _cells()
-    namespace = {"__name__": "notebook04_exercise", "launch": launch, "np": np, "seed": 0,
-                 "cores": launch.available_cores()}
-    exec(compile(solution_source, "solution", "exec"), namespace)
+    magic, script = solution_source.split("\n", 1)
+    assert magic == "%%writefile {lab_dir}/my_train.py"
+    lab_dir.mkdir(parents=True, exist_ok=True)
+    (lab_dir / "my_train.py").write_text(script)
+
+    def fresh(folder):
+        shutil.rmtree(folder, ignore_errors=True)
+        return folder
+
+    namespace = {"__name__": "notebook04_exercise", "launch": launch, "np": np, "json": json, "seed": 0,
+                 "cores": launch.available_cores(), "lab_dir": lab_dir, "fresh": fresh}
     exec(compile(cells["horovod_steps_tests"].source, "tests", "exec"), namespace)
 
 
 @pytest.mark.slow
-def test_horovod_steps_tests_pass_the_solution_and_reject_incomplete_conversions():
+def test_horovod_steps_tests_pass_the_solution_and_reject_incomplete_conversions(tmp_path):
     _, cells = _cells()
     solution = cells["horovod_steps_solution"].source
-    _run_test_cell(solution)
+    _run_test_cell(solution, tmp_path / "lab")
     # No sharding: each rank reads all the data.
     with pytest.raises(AssertionError, match="each rank should read its own half"):
-        _run_test_cell(_without_block(solution, 1))
+        _run_test_cell(_without_block(solution, 1), tmp_path / "lab")
     # No DistributedOptimizer and no broadcast: the ranks train apart.
     with pytest.raises(AssertionError, match="broadcast the initial weights"):
-        _run_test_cell(_without_block(solution, 2))
+        _run_test_cell(_without_block(solution, 2), tmp_path / "lab")
+    # No Horovod at all: the script cannot run, and the learner sees its error.
+    with pytest.raises(AssertionError, match="did not run on 2 workers"):
+        _run_test_cell(_without_block(solution, 0), tmp_path / "lab")
