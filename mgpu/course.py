@@ -58,6 +58,17 @@ CLAIMS: dict[str, list[Claim]] = {
         Claim("B_simple from the workers' gradients is positive and finite",
               lambda r: r["b_simple_from_workers"] is not None and r["b_simple_from_workers"] > 0),
     ],
+    "05_accuracy_at_scale": [
+        Claim("on the simulated accelerator, the fastest 4-worker recipe reaches the target in at most half "
+              "the single worker's time", lambda r: r["best_4_worker_time_over_single"] <= 0.5),
+        Claim("the best 4-worker recipe beats no scaling by at least 0.02 (min_gain)",
+              lambda r: r["no_scaling_gap"] >= 0.02),
+        Claim("the best 4-worker recipe ends within 0.03 of one worker (tolerance)",
+              lambda r: r["best_recipe_gap"] <= 0.03),
+        Claim("the linearly scaled rate with warm-up, LARS and LAMB do not collapse",
+              lambda r: not any(r["diverged_by_recipe"][k] for k in ("linear + warm-up", "LARS", "LAMB"))),
+        Claim("every worker's math fits in its device's time (no overrun)", lambda r: r["device_overruns"] == 0),
+    ],
 }
 
 

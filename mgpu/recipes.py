@@ -28,6 +28,7 @@ import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import tensorflow as tf
@@ -47,6 +48,10 @@ class Recipe:
     warmup_epochs: float = 0.0
     momentum: float = 0.0
     optimizer: str = "sgd"
+    # The learning rate at a (fractional) epoch, for this recipe's workers: when given, it replaces
+    # the scaling, the warm-up and the cosine decay, and ``lr`` is only its peak, for the table
+    # (notebook 05's exercise writes one).
+    schedule: Callable[[float], float] | None = field(default=None, compare=False)
 
     def __post_init__(self):
         if self.scaling not in SCALINGS:
@@ -58,7 +63,10 @@ class Recipe:
                              f"and 0 <= momentum < 1")
 
     def learning_rate(self, workers: int | None = None) -> float:
-        """The learning rate after scaling for ``workers`` (default: the recipe's own)."""
+        """The learning rate after scaling for ``workers`` (default: the recipe's own); with a
+        schedule, ``lr`` as given (the schedule's peak, for the table)."""
+        if self.schedule is not None:
+            return self.lr
         return scaled_learning_rate(self.lr, self.workers if workers is None else workers, self.scaling)
 
 
@@ -99,6 +107,7 @@ class RecipeRun:
     first_steps: dict = field(default_factory=dict)   # "lr" and "loss" at each of the first steps
     diverged: bool = False
     log_path: str | None = None
+    device_overruns: int = 0                          # steps whose math outran the modelled device
 
     @property
     def final_val_accuracy(self) -> float:
@@ -124,7 +133,7 @@ def train_recipes(recipes, settings: Settings, log_dir: str, log_prefix: str = "
     """
     import horovod.tensorflow.keras as hvd
 
-    from mgpu import callbacks, data, models
+    from mgpu import accelerator, callbacks, data, models
 
     hvd.init()
     rank, size = hvd.rank(), hvd.size()
@@ -150,7 +159,7 @@ def train_recipes(recipes, settings: Settings, log_dir: str, log_prefix: str = "
         tf.keras.utils.set_random_seed(init_seed + 1000 * rank)
         model = models.small_cnn(dataset.x_train.shape[1:], dataset.num_classes, filters=settings.filters,
                                  dense=settings.dense, seed=init_seed)
-        lr = recipe.learning_rate(size)
+        lr = recipe.learning_rate(size) if recipe.schedule is None else float(recipe.schedule(0.0))
         optimizer = hvd.DistributedOptimizer(_optimizer(recipe, lr))
         model.compile(optimizer=optimizer,
                       loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
@@ -162,34 +171,38 @@ def train_recipes(recipes, settings: Settings, log_dir: str, log_prefix: str = "
         stop = _StopWhenDiverged(chance)
         rates = _RecordLearningRate()
         steps = _RecordFirstSteps(settings.record_steps)
-        fit_callbacks = [hvd.callbacks.BroadcastGlobalVariablesCallback(0),
+        # Launched with a device profile, each step takes the modelled device's time (mgpu.accelerator).
+        device = accelerator.ModelledDevice(settings.batch)
+        fit_callbacks = [device, hvd.callbacks.BroadcastGlobalVariablesCallback(0),
                          hvd.callbacks.MetricAverageCallback()]
-        if recipe.warmup_epochs > 0:
-            # Starts at lr / size (the single-worker rate) and reaches lr after warmup_epochs.
-            # Momentum correction (Goyal et al. 2017, section 2.1) assigns to optimizer.momentum,
-            # which Keras 2.15's optimizers keep as a Python float baked into the compiled step:
-            # Horovod's callback would fail on it, so it is off.
+        if recipe.schedule is not None:
+            fit_callbacks.append(_FollowSchedule(recipe.schedule, steps_per_epoch))
+        elif recipe.warmup_epochs > 0:
+            # Starts at lr / size (the single-worker rate) and reaches lr after warmup_epochs. Both
+            # Horovod callbacks rescale SGD's velocity as the rate changes (momentum correction, Goyal
+            # et al. 2017, section 2.1); our LARS keeps its velocity where Horovod does not look for
+            # it, so it goes without (LAMB has no momentum).
             fit_callbacks.append(hvd.callbacks.LearningRateWarmupCallback(
-                initial_lr=lr, warmup_epochs=recipe.warmup_epochs, momentum_correction=False,
+                initial_lr=lr, warmup_epochs=recipe.warmup_epochs, momentum_correction=recipe.optimizer == "sgd",
                 steps_per_epoch=steps_per_epoch, verbose=0))
-        if settings.cosine_decay and settings.epochs > recipe.warmup_epochs:
+        if recipe.schedule is None and settings.cosine_decay and settings.epochs > recipe.warmup_epochs:
             # Then down to zero along a half cosine (Loshchilov & Hutter 2017), batch by batch, so
             # every recipe ends where its run settled rather than where its last large step landed.
             fit_callbacks.append(hvd.callbacks.LearningRateScheduleCallback(
                 initial_lr=lr, multiplier=_cosine(recipe.warmup_epochs, settings.epochs),
                 start_epoch=recipe.warmup_epochs, end_epoch=settings.epochs, staircase=False,
-                momentum_correction=False, steps_per_epoch=steps_per_epoch))
+                momentum_correction=recipe.optimizer == "sgd", steps_per_epoch=steps_per_epoch))
         fit_callbacks += [rates, steps, stop, callbacks.WallClockCSVLogger(log_path, enabled=rank == 0)]
         started = time.perf_counter()
         history = model.fit(train, epochs=settings.epochs, steps_per_epoch=steps_per_epoch,
                             validation_data=(x_val, y_val), callbacks=fit_callbacks, verbose=0)
         if verbose and rank == 0:
             acc = history.history["val_accuracy"]
-            print(f"  {recipe.name:<24} lr {lr:<8.4g} final val acc {acc[-1]:.3f} after {len(acc)} epochs"
+            print(f"  {recipe.name:<24} lr {recipe.learning_rate(size):<8.4g} final val acc {acc[-1]:.3f} after {len(acc)} epochs"
                   f"{' (diverged)' if stop.diverged else ''}, {time.perf_counter() - started:.0f} s", flush=True)
         runs.append(RecipeRun(recipe, [float(v) for v in history.history["val_accuracy"]],
                               [float(v) for v in history.history["loss"]], [], rates.values,
-                              steps.values, stop.diverged, str(log_path)))
+                              steps.values, stop.diverged, str(log_path), device.overruns))
     if rank == 0:
         for run in runs:
             run.wall_times = [row["wall_time"] for row in read_log(run.log_path)]
@@ -223,6 +236,24 @@ def divergence_sweep(recipe: Recipe, settings: Settings, seeds, log_dir: str, ep
             print(f"  seed {seed:>3}: {'diverged' if run.diverged else 'trained'} "
                   f"(val acc {run.final_val_accuracy:.3f} after {len(run.val_accuracy)} epoch(s))", flush=True)
     return outcomes
+
+
+class _FollowSchedule(tf.keras.callbacks.Callback):
+    """Sets the rate before every step to ``schedule(epoch + step / steps_per_epoch)``."""
+
+    def __init__(self, schedule: Callable[[float], float], steps_per_epoch: int):
+        super().__init__()
+        self.schedule, self.steps_per_epoch, self.epoch = schedule, steps_per_epoch, 0
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.epoch = epoch
+
+    def on_train_batch_begin(self, batch, logs=None):
+        rate = float(self.schedule(self.epoch + batch / self.steps_per_epoch))
+        if not math.isfinite(rate) or rate < 0:
+            raise ValueError(f"the schedule gave the rate {rate} at epoch {self.epoch + batch / self.steps_per_epoch:.3f}: "
+                             "a rate must be a finite number >= 0")
+        tf.keras.backend.set_value(self.model.optimizer.learning_rate, rate)
 
 
 class _StopWhenDiverged(tf.keras.callbacks.Callback):
@@ -336,14 +367,17 @@ def summary_rows(runs, target: float) -> list[dict]:
 
 
 def summary_table(runs, target: float):
-    """The recipes side by side (a :class:`mgpu.tables.Table`), in epochs: on simulated workers that
-    share the cores, seconds measure the machine's load more than the recipe."""
+    """The recipes side by side (a :class:`mgpu.tables.Table`): accuracy, and epochs and seconds to
+    the target (seconds compare across recipes when the runs were timed on the simulated accelerator
+    or on a GPU per worker)."""
     from mgpu.tables import Table
 
     rows = [{"recipe": r["recipe"], "lr": r["lr"], "momentum": r["momentum"], "warm-up epochs": r["warmup_epochs"],
              "final val acc": r["final_val_acc"], "epochs to target": r["epochs_to_target"],
-             "diverged": "yes" if r["diverged"] else ""} for r in summary_rows(runs, target)]
-    return Table(rows, formats={"lr": ".3g", "momentum": ".2g", "warm-up epochs": ".3g", "final val acc": ".3f"})
+             "seconds to target": r["seconds_to_target"], "diverged": "yes" if r["diverged"] else ""}
+            for r in summary_rows(runs, target)]
+    return Table(rows, formats={"lr": ".3g", "momentum": ".2g", "warm-up epochs": ".3g", "final val acc": ".3f",
+                                "seconds to target": ".1f"})
 
 
 def lab_recipes(workers: int, lr: float, momentum: float = 0.9, warmup_epochs: float = 2.0,

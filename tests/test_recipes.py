@@ -83,11 +83,28 @@ _TINY = Settings(epochs=3, batch=16, train_images=1024, val_images=200, filters=
 
 
 @pytest.mark.slow
+def _rising(epoch):
+    """A schedule as notebook 05's exercise writes one: the rate at a fractional epoch."""
+    return 0.01 * (1 + epoch)
+
+
 def test_recipes_on_two_workers_warm_up_stop_divergence_and_log_on_rank0(tmp_path):
+    from mgpu import accelerator
+
+    device = accelerator.Profile("test device", 1e-3, 1e-5)  # 16 ms per step of 16 images
     runs = launch.run(recipes.train_recipes, 2, args=(
-        [Recipe("warm", 2, 0.05, "linear", warmup_epochs=2), Recipe("huge", 2, 500.0, "linear")],
-        dataclasses.replace(_TINY, cosine_decay=False), str(tmp_path)), verbose=False).value
-    warm, huge = runs
+        [Recipe("warm", 2, 0.05, "linear", warmup_epochs=2), Recipe("huge", 2, 500.0, "linear"),
+         Recipe("mine", 2, 0.04, "none", momentum=0.9, schedule=_rising)],
+        dataclasses.replace(_TINY, cosine_decay=False), str(tmp_path)), env=device.env(), verbose=False).value
+    warm, huge, mine = runs
+    # A schedule sets the rate before every step: schedule(epoch + step / steps_per_epoch).
+    steps = _TINY.train_images // (_TINY.batch * 2)
+    assert mine.first_steps["lr"][:3] == pytest.approx([_rising(0), _rising(1 / steps), _rising(2 / steps)])
+    assert mine.learning_rates == pytest.approx([_rising(e + (steps - 1) / steps) for e in range(3)])
+    assert mine.recipe.learning_rate() == 0.04  # with a schedule, lr is only the peak shown in the table
+    # The runs were timed on the modelled device the launch handed over: no step is shorter than its time.
+    assert mine.wall_times[-1] >= 3 * steps * device.train_step_s(_TINY.batch)
+    assert all(isinstance(r.device_overruns, int) for r in runs)
     # Warm-up: the rate starts near lr (the single-worker rate) and ends at lr * size.
     assert warm.first_steps["lr"][0] == pytest.approx(0.05, rel=0.1)
     assert warm.learning_rates[-1] == pytest.approx(0.1)
@@ -96,7 +113,7 @@ def test_recipes_on_two_workers_warm_up_stop_divergence_and_log_on_rank0(tmp_pat
     # A huge rate diverges and every rank stops after the same epoch (the launch would hang otherwise).
     assert huge.diverged and len(huge.val_accuracy) < 3
     # Rank 0 wrote one log per recipe, one row per epoch run, with the wall time.
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["huge.csv", "warm.csv"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["huge.csv", "mine.csv", "warm.csv"]
     assert len(recipes.read_log(tmp_path / "warm.csv")) == 3
     assert warm.wall_times == sorted(warm.wall_times) and len(warm.wall_times) == 3
 

@@ -53,9 +53,10 @@ def test_release_version_has_no_solution_code():
     for answer in ("hvd.init()", "hvd.DistributedOptimizer", "BroadcastGlobalVariablesCallback", "[rank::size]"):
         assert answer not in student, answer
     assert student.count("raise NotImplementedError()") == 3
-    # The learner starts from the converted script's settings (which the outcome test fails), not the answer.
+    # The learner starts from the converted script's momentum (none) and writes the schedule.
     chosen = cells["choose_lr_solution"].source
-    assert "your_lr = single_worker_lr\n" in chosen and "your_momentum = 0.0\n" in chosen and "(1 - 0.9)" not in chosen
+    assert "your_momentum = 0.0  #" in chosen and "def your_learning_rate(epoch):" in chosen
+    assert "math.cos" not in chosen and "your_momentum = 0.9" not in chosen
     assert "BEGIN SOLUTION" not in "".join(c.source for nb in released for c in nb.cells)
 
 
