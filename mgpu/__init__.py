@@ -7,6 +7,8 @@ The notebooks stay narrative; the code they call lives here, one module per conc
 - ``mgpu.data``      dataset registry, cache, ``auto`` choice and fingerprints
 - ``mgpu.launch``    running a function or script on N data-parallel Horovod workers
 - ``mgpu.hardware``  what this machine has and which hardware profile the course uses
+- ``mgpu.accelerator`` the simulated accelerator: a modelled device per worker where GPUs are fewer than workers
+- ``mgpu.reference`` measurements on a real GPU (H100) shown where the machine has none
 - ``mgpu.callbacks`` Keras callbacks shared by the labs and the assessment (throughput, time, targets)
 - ``mgpu.allreduce`` a from-scratch ring all-reduce in numpy, to step through
 - ``mgpu.optimizers`` LARS and LAMB, the large-batch optimizers TensorFlow 2.15 lacks
