@@ -161,7 +161,7 @@ def setup(course: str | os.PathLike = COLAB_HOME, drive: bool = False, verbose: 
     if wanted:
         say(f"[colab] installing {', '.join(wanted)}")
         _pip(*wanted)
-    if _installed("mgpu") is None:  # so that new processes (workers, `!python -m mgpu...`) import it too
+    if not _imports_from(course):  # so that new processes (workers, `!python -m mgpu...`) import it too
         _pip("--no-deps", "-e", str(course))
     cache = Path(os.environ.get("MGPU_WHEEL_CACHE") or horovod_build.DEFAULT_CACHE)
     if drive:
@@ -179,6 +179,14 @@ def setup(course: str | os.PathLike = COLAB_HOME, drive: bool = False, verbose: 
         f"{_installed('tf_keras')}, Horovod {_installed('horovod')}; 2 CPU workers averaged ranks 0 and 1 "
         f"to {average:.1f}")
     return seconds
+
+
+def _imports_from(course: Path) -> bool:
+    """Whether a new process imports mgpu from ``course`` (an editable install of another checkout,
+    or of one since deleted, does not count)."""
+    done = subprocess.run([sys.executable, "-c", "import mgpu; print(mgpu.__file__)"], capture_output=True,
+                          text=True, cwd="/")
+    return done.returncode == 0 and Path(done.stdout.strip()).resolve().is_relative_to(Path(course).resolve())
 
 
 def _horovod_imports() -> bool:

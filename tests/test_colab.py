@@ -7,7 +7,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from mgpu import colab, course
+from mgpu import colab, course, paths
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = course.course_notebooks()
@@ -79,3 +79,10 @@ def test_only_what_colab_lacks_is_installed(tmp_path, monkeypatch):
     installed = {"tensorflow": "2.19.0", "numpy": "2.0.2", "papermill": "2.7.0", "cloudpickle": "2.2.1"}
     monkeypatch.setattr(colab, "_installed", lambda dist: installed.get(dist))
     assert colab.missing_requirements(tmp_path) == ["nbgrader==0.9.6", "cloudpickle==3.0.0"]
+
+
+def test_setup_reinstalls_the_course_when_new_processes_would_import_another_checkout(tmp_path):
+    # The venv's editable install is this checkout; a course folder elsewhere (a new Colab session's
+    # clone, say) is not what a new process imports, so setup must install it.
+    assert colab._imports_from(paths.ROOT)
+    assert not colab._imports_from(tmp_path)
