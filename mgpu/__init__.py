@@ -29,11 +29,11 @@ The notebooks stay narrative; the code they call lives here, one module per conc
 - ``mgpu.timeline``  reading Horovod's timeline
 - ``mgpu.async_sgd`` notebook 06's parameter-server runs: the toy's problem, traffic counts, the uneven split,
   stragglers on Horovod, TensorFlow's ParameterServerStrategy in a child process
-- ``mgpu.model_parallel`` notebook 06's pipelines: GPipe schedules, bubble accounting, the timing harness
-- ``mgpu.compression`` notebook 06's 2-bit packing, byte counts, training with per-tensor compressors
-- ``mgpu.multinode`` notebook 06's host plans, multi-machine commands and their dry run
-- ``mgpu.slurm_horovod`` a Horovod job inside a Slurm allocation, started by srun without ssh or MPI
-- ``mgpu.serving``   notebook 07's inference server (Triton), load generator and queueing model
+- ``mgpu.model_parallel`` notebook 09's pipelines: GPipe schedules, bubble accounting, the timing harness
+- ``mgpu.compression`` notebook 07's 2-bit packing, byte counts, training with per-tensor compressors
+- ``mgpu.multinode`` notebook 10's host plans, multi-machine commands and their dry run
+- ``mgpu.slurm_horovod`` notebook 10's Horovod job inside a Slurm allocation, started by srun without ssh or MPI
+- ``mgpu.serving``   notebook 11's inference server (Triton), load generator and queueing model
 - ``mgpu.assessment`` the assessment's fixed model, data hand-off, locked callbacks and targets table
 - ``mgpu.results``   each notebook's headline numbers (``build/results``) and figures
 - ``mgpu.plots``     the course's figures, one call each

@@ -1,4 +1,4 @@
-"""Gradient compression on Horovod (notebook 06): the harness around the compressors the notebook writes.
+"""Gradient compression on Horovod (notebook 07): the harness around the compressors the notebook writes.
 
 The notebook writes the compressors themselves (a 2-bit quantiser with error feedback as a
 subclass of Horovod's ``Compressor``; Seide et al. 2014; MXNet's ``--gc-type 2bit``). This module

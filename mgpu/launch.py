@@ -522,7 +522,7 @@ def run(fn: Callable[..., Any], num_workers: int, args: Sequence[Any] = (),
     ``cores_per_worker`` (no GPU) each worker runs on its own slice of that many cores. ``hosts``
     (horovodrun's ``-H``, e.g. ``"localhost:2,127.0.0.1:2"``) spreads the workers over several
     host names; Horovod counts each name as a machine of its own, so two names of this machine give
-    a two-node job (notebook 06, section 6); ``hostfile`` (horovodrun's ``--hostfile``, ``host slots=N``
+    a two-node job (notebook 10); ``hostfile`` (horovodrun's ``--hostfile``, ``host slots=N``
     lines) does the same from a file. Other machines need a folder shared with them for the job's files,
     which this launcher does not set up: it refuses their names (:mod:`mgpu.slurm_horovod` runs a job
     on the nodes of a Slurm allocation).

@@ -1,4 +1,4 @@
-"""Model and pipeline parallelism (notebook 06): schedules, bubble accounting and a timing harness.
+"""Model and pipeline parallelism (notebook 09): schedules, bubble accounting and a timing harness.
 
 A model split into N consecutive *stages*, one per device, passes activations forward and
 gradients backward from device to device. Fed one batch at a time (the naive split), only one

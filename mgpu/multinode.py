@@ -1,4 +1,4 @@
-"""Several machines (notebook 06, section 6): where each rank of a job runs, and the commands that
+"""Several machines (notebook 10): where each rank of a job runs, and the commands that
 start a job across machines, checked without running them.
 
 - :func:`slots` asks Horovod's own host parser and slot assignment which host, local rank and cross
@@ -134,7 +134,7 @@ def dry_run(argv: Sequence[str]):
 
 
 def slurm_script(nodes: int, tasks_per_node: int, command: Sequence[str], *, gpus_per_node: int = 0,
-                 cpus_per_task: int = 4, time: str = "00:30:00", job_name: str = "mgpu-06") -> str:
+                 cpus_per_task: int = 4, time: str = "00:30:00", job_name: str = "mgpu-10") -> str:
     """A Slurm batch script (``sbatch job.sh``) that runs ``command`` on every slot of the allocation
     through ``horovodrun``; the hosts come from the allocation, never typed by hand."""
     if nodes < 1 or tasks_per_node < 1:
@@ -178,5 +178,5 @@ def check_local_hosts(hosts: str | None, num_workers: int, *, hostfile: str | os
     if foreign:
         raise ValueError(f"{', '.join(foreign)}: not this machine. The course's launcher runs workers on this "
                          "machine's names only (localhost, 127.0.0.1); start a job on other machines with the "
-                         "horovodrun command of notebook 06, section 6")
+                         "horovodrun command of notebook 10")
     _assign(parsed, num_workers)

@@ -892,10 +892,10 @@ def straggler_step_times(configs: dict, name: str = "06_stragglers"):
     return fig
 
 
-# ---- Notebook 06: model and pipeline parallelism -------------------------------------------------
+# ---- Notebook 09: model and pipeline parallelism -------------------------------------------------
 
 
-def pipeline_bubble(timelines: dict, sweep: list, name: str = "06_pipeline_bubble"):
+def pipeline_bubble(timelines: dict, sweep: list, name: str = "09_pipeline_bubble"):
     """Measured pipeline schedules and the bubble against the number of micro-batches.
 
     ``timelines`` maps a panel title to ``(stages, intervals)``, each interval a
@@ -939,7 +939,7 @@ def pipeline_bubble(timelines: dict, sweep: list, name: str = "06_pipeline_bubbl
     return fig
 
 
-def hybrid_parallelism(replicas: int, stages: int, micro_batches: int, name: str = "06_hybrid_parallelism"):
+def hybrid_parallelism(replicas: int, stages: int, micro_batches: int, name: str = "09_hybrid_parallelism"):
     """Hybrid data + pipeline parallelism: a grid of replicas x stages devices, with what flows where."""
     from matplotlib.patches import FancyArrowPatch, Rectangle
 
@@ -972,10 +972,10 @@ def hybrid_parallelism(replicas: int, stages: int, micro_batches: int, name: str
     return fig
 
 
-# ---- Notebook 07
+# ---- Notebook 11
 
 
-def prediction_call_times(table: dict, name: str = "07_prediction_calls"):
+def prediction_call_times(table: dict, name: str = "11_prediction_calls"):
     """Milliseconds per prediction call against batch size, on linear axes: ``{device: {path: {batch: s}}}``.
 
     ``model.predict`` gets its own panel on the left: it is tens of times slower than the other paths.
@@ -1002,7 +1002,7 @@ def prediction_call_times(table: dict, name: str = "07_prediction_calls"):
 
 
 def batching_delay_tradeoff(measured: dict, predicted: dict, throughput: dict, no_batching: dict,
-                            name: str = "07_batching_delay"):
+                            name: str = "11_batching_delay"):
     """Mean latency (left, log scale) and throughput (right) against the batcher's delay, one colour per rate.
 
     ``measured``, ``predicted`` and ``throughput`` are ``{rate: {delay_ms: value}}`` (latencies in ms);

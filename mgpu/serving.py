@@ -1,4 +1,4 @@
-"""Notebook 07's serving helpers: a load generator, latency statistics, a queueing model of request
+"""Notebook 11's serving helpers: a load generator, latency statistics, a queueing model of request
 batching, and an inference server that starts and stops from a notebook without leaving a process.
 
 - :func:`poisson_arrivals` draws the arrival times of an open-loop load (a Poisson process), and

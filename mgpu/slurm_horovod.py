@@ -1,4 +1,4 @@
-"""A Horovod job inside a Slurm allocation, without ssh and without MPI (notebook 06, section 6).
+"""A Horovod job inside a Slurm allocation, without ssh and without MPI (notebook 10).
 
 ``horovodrun`` starts the workers of other machines with ssh, and ``srun --mpi=pmix`` needs a Horovod
 built against MPI. A Gloo worker needs neither: it only reads a few ``HOROVOD_*`` variables (where the

@@ -1,5 +1,5 @@
 """mgpu.compression: 2-bit packing, byte counts, the Measured wrapper, and training with per-tensor
-compressors on real Horovod workers. The 2-bit compressors are notebook 06's own, taken from its cells
+compressors on real Horovod workers. The 2-bit compressors are notebook 07's own, taken from its cells
 (one instance per gradient tensor with error feedback, holding its residual)."""
 
 import math
@@ -52,17 +52,17 @@ def test_wire_bytes_per_scheme():
 
 
 def _compressors():
-    """Notebook 06's 2-bit compressors, without and with error feedback, defined by running its cells."""
+    """Notebook 07's 2-bit compressors, without and with error feedback, defined by running its cells."""
     import nbformat
     import tensorflow as tf
 
     from mgpu import course
 
-    notebook = next(p for p in course.course_notebooks() if p.name.startswith("06"))
+    notebook = next(p for p in course.course_notebooks() if p.name.startswith("07"))
     cells = nbformat.read(notebook, as_version=4).cells
     quantise = next(c.source for c in cells if c.metadata.get("nbgrader", {}).get("grade_id") == "twobit_quantise_solution")
     classes = next(c.source for c in cells if "class TwoBitErrorFeedback" in c.source)
-    namespace = {"tf": tf, "np": np, "compression": compression, "__name__": "notebook06_compressors"}
+    namespace = {"tf": tf, "np": np, "compression": compression, "__name__": "notebook07_compressors"}
     exec(compile(quantise, "twobit_quantise_solution", "exec"), namespace)
     exec(compile(classes, "compressors", "exec"), namespace)
     return namespace["TwoBitCompressor"], namespace["TwoBitErrorFeedback"]

@@ -22,11 +22,27 @@ def _cells(number):
     return notebook, {c.metadata["nbgrader"]["grade_id"]: c for c in notebook.cells if "nbgrader" in c.metadata}
 
 
-@pytest.mark.parametrize("number", ["01", "02", "03", "04", "05", "06", "11"])
+@pytest.mark.parametrize("number", ["01", "02", "03", "04", "05", "11"])
 def test_each_lab_has_at_least_two_exercises_each_followed_by_its_test(number):
     notebook, _ = _cells(number)
     exercises = labs.exercises(notebook)
     assert len(exercises) >= 2, f"notebook {number} has {len(exercises)} exercise(s)"
+    _assert_each_exercise_is_followed_by_its_test(notebook)
+
+
+#: Part II's notebooks split from one (06, 07, 09, 10), with the exercises each kept from it.
+SPLIT_EXERCISES = {"06": ["concatenated_gradient_solution"], "07": ["twobit_quantise_solution"],
+                   "09": [], "10": ["cluster_command_solution"]}
+
+
+@pytest.mark.parametrize("number", sorted(SPLIT_EXERCISES))
+def test_the_split_notebooks_keep_their_exercises_each_followed_by_its_test(number):
+    notebook, _ = _cells(number)
+    assert labs.exercises(notebook) == SPLIT_EXERCISES[number]
+    _assert_each_exercise_is_followed_by_its_test(notebook)
+
+
+def _assert_each_exercise_is_followed_by_its_test(notebook):
     for index, cell in enumerate(notebook.cells):
         meta = cell.metadata.get("nbgrader", {})
         if meta.get("solution"):
@@ -134,7 +150,7 @@ WRONG = {
         "def concatenated_gradient(gradients, batch_sizes):\n"
         "    return [sum(b * np.asarray(g[v]) for g, b in zip(gradients, batch_sizes)) for v in range(len(gradients[0]))]\n",
     ],
-    ("06", "twobit_quantise_solution", "twobit_quantise_tests"): [
+    ("07", "twobit_quantise_solution", "twobit_quantise_tests"): [
         # No error feedback: the residual is ignored.
         "def twobit_quantise(values, residual, threshold):\n    z = tf.zeros_like(values)\n"
         "    sent = tf.where(values >= threshold, z + threshold, tf.where(values <= -threshold, z - threshold, z))\n"
@@ -180,11 +196,11 @@ def test_exercise_tests_pass_the_solution_and_reject_the_stub_and_wrong_answers(
             _run(number, solution_id, tests_id, wrong)
 
 
-def test_06_cluster_command_exercise_accepts_the_solution_and_rejects_the_stub_and_wrong_commands(tmp_path):
+def test_10_cluster_command_exercise_accepts_the_solution_and_rejects_the_stub_and_wrong_commands(tmp_path):
     from mgpu import multinode
 
-    _, cells = _cells("06")
-    notebook, _ = _cells("06")
+    _, cells = _cells("10")
+    notebook, _ = _cells("10")
     released = {c.metadata["nbgrader"]["grade_id"]: c for c in labs.release(notebook).cells if "nbgrader" in c.metadata}
     hostfile = multinode.write_hostfile(tmp_path / "hosts", {"gpu1": 4, "gpu2": 4, "gpu3": 4})
 

@@ -1,4 +1,4 @@
-"""Notebook 06, section 6: the host plans, the dry run of multi-machine commands, and a real
+"""Notebook 10: the host plans, the dry run of multi-machine commands, and a real
 two-node Horovod job on this machine's two names (localhost and 127.0.0.1)."""
 
 import pytest
