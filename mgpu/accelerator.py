@@ -13,11 +13,11 @@ worker a *modelled device* (``COURSE_MAP.md``, "The simulated accelerator"):
 - an evaluation batch likewise takes the profile's forward time;
 - communication, data loading and launching are real and are not modelled.
 
-So a step costs ``device time + all-reduce``, as on a GPU without overlap. The profile is slower than
-one core of the machine (:func:`calibrate` measures the model's math on one core and scales it by the
-number of workers that share a core, with a margin), so that every worker's math fits inside its
-device's time even when all of them compute at once; :attr:`ModelledDevice.overruns` counts the
-steps where it did not. The single-worker baseline runs on the same profile.
+So a step costs ``device time + all-reduce``, as on a GPU without overlap. The device is slower than
+the workers' math: :func:`calibrate` times the model's step with all the workers computing at once,
+as they will, and slows that by a margin, so that every worker's math fits inside its device's time;
+:attr:`ModelledDevice.overruns` counts the steps where it did not. The single-worker baseline runs on
+the same profile.
 
 In a training script (one line; a no-op where the worker has a GPU or no profile was given)::
 
@@ -42,9 +42,9 @@ import tensorflow as tf
 
 #: The environment variable that carries a :class:`Profile` to the workers (JSON).
 PROFILE_VARIABLE = "MGPU_ACCELERATOR"
-#: How much slower than the shared cores the device is: room for the input pipeline, Horovod's
-#: background thread and the machine's own noise beside the workers' math.
-DEFAULT_MARGIN = 1.5
+#: How much slower than the workers' math (timed all at once) the device is: room for the input
+#: pipeline, Horovod's background thread and the machine's own noise beside it.
+DEFAULT_MARGIN = 2.0
 
 
 @dataclass(frozen=True)
@@ -92,34 +92,26 @@ class Profile:
                              "unset it, or pass Profile.env() to the launch") from None
 
 
-def sharing(workers: int, cores: int) -> int:
-    """How many workers share one core when ``workers`` run on ``cores`` (at least 1)."""
-    if workers < 1 or cores < 1:
-        raise ValueError(f"workers and cores must be at least 1, got {workers} and {cores}")
-    return math.ceil(workers / cores)
-
-
-def profile_from_core_rate(name: str, core_train_s: float, core_eval_s: float, *, workers: int, cores: int,
-                           margin: float = DEFAULT_MARGIN) -> Profile:
-    """The device for ``workers`` workers on ``cores`` cores, given the model's time per example on one core.
-
-    Each core carries ``sharing(workers, cores)`` workers, so each worker's math takes that many
-    times longer when all compute at once; the device is ``margin`` times slower still.
-    """
+def profile_from_rate(name: str, train_s: float, eval_s: float, *, workers: int, cores: int,
+                      margin: float = DEFAULT_MARGIN) -> Profile:
+    """The device for ``workers`` workers whose math takes ``train_s`` (``eval_s``) per example when
+    all of them compute at once on ``cores`` cores: ``margin`` times slower than that."""
     if margin < 1:
         raise ValueError(f"margin must be at least 1 (the math has to fit in the device's time), got {margin}")
-    factor = sharing(workers, cores) * margin
-    return Profile(name=name, train_s_per_example=core_train_s * factor, eval_s_per_example=core_eval_s * factor,
-                   basis=f"Its speed: one core of this machine on this model, divided by {factor:g} "
-                         f"({sharing(workers, cores)} worker{'s' if sharing(workers, cores) > 1 else ''} per core x a margin of {margin:g}), "
-                         "so that every worker's math fits in its device's time.")
+    return Profile(name=name, train_s_per_example=train_s * margin, eval_s_per_example=eval_s * margin,
+                   basis=f"Its speed: the model's step timed with all {workers} worker{'s' if workers > 1 else ''} "
+                         f"computing at once on this machine's {cores} core{'s' if cores > 1 else ''}, "
+                         f"slowed by a margin of {margin:g}, so that every worker's math fits in its device's time.")
 
 
-def _time_on_one_core(build: Callable, shape, classes: int, batch: int, steps: int, seed: int) -> dict:
-    """Seconds per example of a training step and of a forward pass, on this worker's one core."""
+def _time_together(build: Callable, shape, classes: int, batch: int, steps: int, seed: int) -> dict:
+    """Seconds per example of a training step and of a forward pass, timed on every worker of this
+    launch at once (each on its own cores); rank 0 returns the slowest worker's."""
+    import horovod.tensorflow as hvd
     import numpy as np
 
-    rng = np.random.default_rng(seed)
+    hvd.init()
+    rng = np.random.default_rng(seed + hvd.rank())
     x = rng.normal(size=(batch, *shape)).astype("float32")
     y = rng.integers(0, classes, size=batch)
     model = build(tuple(shape), classes, seed=seed)
@@ -127,11 +119,11 @@ def _time_on_one_core(build: Callable, shape, classes: int, batch: int, steps: i
                   loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     step = model.make_train_function()
     forward = tf.function(lambda t: model(t, training=False))
-    data = tf.data.Dataset.from_tensors((x, y)).repeat()
-    iterator = iter(data)
+    iterator = iter(tf.data.Dataset.from_tensors((x, y)).repeat())
     for _ in range(3):  # trace and warm up
         step(iterator)
         forward(x)
+    hvd.allreduce(tf.constant(0.0), name="calibration_start")  # every worker starts timing together
     train, infer = [], []
     for _ in range(steps):  # the median of single steps: robust to a passing disturbance
         started = time.perf_counter()
@@ -140,25 +132,28 @@ def _time_on_one_core(build: Callable, shape, classes: int, batch: int, steps: i
         started = time.perf_counter()
         forward(x).numpy()
         infer.append(time.perf_counter() - started)
-    return {"train_s": float(np.median(train)) / batch, "eval_s": float(np.median(infer)) / batch}
+    mine = tf.constant([[float(np.median(train)) / batch, float(np.median(infer)) / batch]], tf.float64)
+    every = hvd.allgather(mine).numpy()
+    return {"train_s": float(every[:, 0].max()), "eval_s": float(every[:, 1].max())}
 
 
 def calibrate(build: Callable, shape, classes: int, *, batch: int, workers: int, cores: int | None = None,
               name: str | None = None, margin: float = DEFAULT_MARGIN, steps: int = 10, seed: int = 0) -> Profile:
-    """Measure ``build``'s model on one core of this machine and return the device for ``workers`` workers.
+    """Time ``build``'s model on this machine and return the device for ``workers`` workers.
 
     ``build(shape, classes, seed=...)`` returns an uncompiled Keras model (``mgpu.models`` has them).
-    The measurement runs in a worker process pinned to one core with one thread, as each worker is.
+    ``workers`` processes time their steps at once, each pinned to its own ``cores // workers`` cores
+    (at least one, shared when they are fewer), as the timed runs are; the slowest sets the device.
     """
     from mgpu import launch
 
     cores = cores or launch.available_cores()
-    measured = launch.run(_time_on_one_core, 1, args=(build, tuple(shape), classes, batch, steps, seed),
-                          verbose=False, cores_per_worker=1).value
+    measured = launch.run(_time_together, workers, args=(build, tuple(shape), classes, batch, steps, seed),
+                          verbose=False, cores_per_worker=max(1, cores // workers)).value
     model = getattr(build, "func", build)  # a functools.partial names its function
     name = name or f"sim-{getattr(model, '__name__', 'model')}-{workers}w{cores}c"
-    return profile_from_core_rate(name, measured["train_s"], measured["eval_s"], workers=workers, cores=cores,
-                                  margin=margin)
+    return profile_from_rate(name, measured["train_s"], measured["eval_s"], workers=workers, cores=cores,
+                             margin=margin)
 
 
 def _has_gpu() -> bool:

@@ -46,6 +46,19 @@ class Claim:
     full_only: bool = True
 
 
+def _async_within(r, factor):
+    f = r["sync_async_final_loss"]
+    return all(v <= factor * f["1 worker"] for k, v in f.items() if k.startswith("async"))
+
+
+def _batches_match(r):
+    backend = r.get("server_backend")
+    if backend is None:
+        return True
+    ratios = r["mean_batch_over_model_at_long_delays"].values()
+    return all(abs(1 / v - 1) <= 0.25 if backend == "triton" else v >= 0.95 for v in ratios)
+
+
 #: The timing claims of each notebook (by stem), checked over seeds and never in a learner's run.
 CLAIMS: dict[str, list[Claim]] = {
     "04_horovod": [
@@ -68,6 +81,65 @@ CLAIMS: dict[str, list[Claim]] = {
         Claim("the linearly scaled rate with warm-up, LARS and LAMB do not collapse",
               lambda r: not any(r["diverged_by_recipe"][k] for k in ("linear + warm-up", "LARS", "LAMB"))),
         Claim("every worker's math fits in its device's time (no overrun)", lambda r: r["device_overruns"] == 0),
+    ],
+    "06_sync_or_async": [
+        Claim("on the modelled device, asynchronous SGD on 4 workers applies its updates at least 2.5x as fast "
+              "as one worker", lambda r: r["async_speedup_over_one_worker"] >= 2.5, full_only=False),
+        Claim("at the moderate rate, every asynchronous run ends within 1.25x of one worker's loss",
+              lambda r: _async_within(r, 1.25)),
+        Claim("at the high rate, the staleness-aware asynchronous run ends within 2x of the synchronous run's loss",
+              lambda r: r["staleness_aware_over_sync_loss"] <= 2, full_only=False),
+        Claim("ParameterServerStrategy on 2 workers: the mean staleness is above 0 and at most 1",
+              lambda r: 0 < r["tf_ps_staleness_mean"] <= 1, full_only=False),
+        Claim("on the toy server, a 3x straggler slows synchronous SGD at least 1.8x per gradient",
+              lambda r: r["toy_sync_straggler_slowdown"] >= 1.8),
+        Claim("on the toy server, the straggler slows asynchronous SGD at most 1.5x, and less than synchronous SGD",
+              lambda r: r["toy_async_straggler_slowdown"] <= 1.5
+              and r["toy_async_straggler_slowdown"] < r["toy_sync_straggler_slowdown"]),
+        Claim("on Horovod, the straggler slows the synchronous step at least 2.2x",
+              lambda r: r["straggler_sync_slowdown"] >= 2.2),
+        Claim("the weighted [3, 1] split is at least 1.5x as fast as the even split with the straggler",
+              lambda r: r["uneven_split_gain"] >= 1.5),
+        Claim("the weighted [3, 1] split recovers at least 0.5 of the throughput without a straggler",
+              lambda r: r["uneven_split_recovery"] >= 0.5),
+        Claim("accumulated micro-batches take longer than the batch in one go",
+              lambda r: r["accumulation_time_ratio"] > 1, full_only=False),
+    ],
+    "09_model_parallelism": [
+        Claim("on 2 stages, the largest number of micro-batches cuts the naive split's idle fraction by at least 0.1",
+              lambda r: r["pipeline_idle_drop"] >= 0.1, full_only=False),
+        Claim("on 2 stages, 16 micro-batches at least halve the naive split's idle fraction",
+              lambda r: r["pipeline_idle_by_micro_batches"][str(r["pipeline_micro_batches_max"])]
+              <= r["pipeline_idle_by_micro_batches"]["1"] / 2),
+        Claim("on 2 stages, the measured idle fraction stays within 0.1 of GPipe's curve at every M",
+              lambda r: r["pipeline_bubble_max_abs_diff"] <= 0.1, full_only=False),
+    ],
+    "11_serving": [
+        Claim("model.predict costs at least 30x a tf.function call at batch 1",
+              lambda r: r["predict_over_tf_function_batch1"] >= 30, full_only=False),
+        Claim("a tf.function call on 100 samples takes at most 5x the time of a call on one",
+              lambda r: r["tf_function_batch100_over_batch1"] <= 5, full_only=False),
+        Claim("at batch 100 the arithmetic is at most 5% of a tf.function call",
+              lambda r: r["arithmetic_share_batch100"] <= 0.05, full_only=False),
+        Claim("Triton: at the top load, the best batching delay answers at least 1.3x the requests per second of "
+              "one-at-a-time serving", lambda r: r.get("server_backend") != "triton" or r["serving_throughput_gain"] >= 1.3,
+              full_only=False),
+        Claim("Triton: at the top load, one-at-a-time serving's mean latency is at least 30x the best delay's "
+              "(smoke, 1.5 s runs: 10x)", lambda r: r.get("server_backend") != "triton"
+              or r["no_batching_over_best_mean_latency_at_high_rate"] >= (10 if r["smoke"] else 30), full_only=False),
+        Claim("Triton: at the top load, a 16 ms delay costs the server at most 0.6x the CPU per request of no batching",
+              lambda r: r.get("server_backend") != "triton"
+              or r["high_rate_server_cpu_largest_delay_over_no_batching"] <= 0.6, full_only=False),
+        Claim("Ray Serve: at least 60% of the server's CPU per request is spent outside the model's call",
+              lambda r: r.get("server_backend") != "ray" or r["server_cpu_outside_model_share"] >= 0.6, full_only=False),
+        Claim("at delays of 8 and 16 ms, Triton's mean batch is within 25% of the queueing model's (Ray's at least "
+              "0.95x the model's)", _batches_match, full_only=False),
+        Claim("at the top load, the model is busy at most 0.7x as much at a 16 ms delay as at 0",
+              lambda r: r.get("server_backend") is None or r["high_rate_busy_largest_over_zero_delay"] <= 0.7,
+              full_only=False),
+        Claim("at the lowest load, a 16 ms delay adds at least 6.4 ms to the median latency",
+              lambda r: r.get("server_backend") is None or r["low_rate_cost_of_largest_delay_ms"] >= 6.4,
+              full_only=False),
     ],
 }
 

@@ -28,15 +28,12 @@ def test_profile_checks_its_numbers_and_travels_through_the_environment():
         accelerator.Profile.from_env({accelerator.PROFILE_VARIABLE: json.dumps({"name": "x"})})
 
 
-def test_the_device_is_slower_than_the_shared_cores():
-    # 4 workers on 2 cores: two share each core, so each one's math takes twice as long; with the margin, 3x.
-    profile = accelerator.profile_from_core_rate("d", 0.001, 0.0003, workers=4, cores=2, margin=1.5)
+def test_the_device_is_the_shared_math_slowed_by_the_margin():
+    profile = accelerator.profile_from_rate("d", 0.002, 0.0006, workers=4, cores=2, margin=1.5)
     assert profile.train_s_per_example == pytest.approx(0.003) and profile.eval_s_per_example == pytest.approx(0.0009)
-    assert accelerator.sharing(1, 2) == 1 and accelerator.sharing(3, 2) == 2 and accelerator.sharing(8, 8) == 1
+    assert "all 4 workers computing at once on this machine's 2 cores" in profile.basis
     with pytest.raises(ValueError, match="margin must be at least 1"):
-        accelerator.profile_from_core_rate("d", 0.001, 0.001, workers=1, cores=1, margin=0.5)
-    with pytest.raises(ValueError, match="at least 1"):
-        accelerator.sharing(0, 2)
+        accelerator.profile_from_rate("d", 0.001, 0.001, workers=1, cores=1, margin=0.5)
 
 
 def _tiny(seed=0):
@@ -149,12 +146,13 @@ def test_gradients_reach_the_all_reduce_only_after_the_device_time():
     assert out["spread"] == 0.0  # the ranks stay in sync: the wait changes no number
 
 
-def test_calibrate_measures_the_model_on_one_core():
+def test_calibrate_times_the_workers_at_once():
     import functools
 
     from mgpu import models
 
     profile = accelerator.calibrate(functools.partial(models.mlp, hidden=(32,)), (28, 28), 10, batch=32,
-                                    workers=4, cores=2, steps=3)
-    assert profile.name == "sim-mlp-4w2c" and "divided by 3" in profile.basis
+                                    workers=2, cores=2, steps=3, margin=2)
+    assert profile.name == "sim-mlp-2w2c" and "all 2 workers computing at once" in profile.basis
+    assert "margin of 2" in profile.basis
     assert profile.train_s_per_example > profile.eval_s_per_example > 0
