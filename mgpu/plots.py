@@ -153,8 +153,7 @@ def trajectories_on_surface(x, y, optimum, runs, name: str = "01_trajectories"):
     axes[0].plot(*start, marker="o", color="black", linestyle="none", label="start")
     updates = len(runs[0].losses) - 1
     axes[0].set_title(f"Paths: {updates} updates each, step size {runs[0].lr:g}", fontsize=10)
-    axes[1].set_title(f"Zoom: positions during updates {late}..{updates}. GD sits on the minimum,\n"
-                      "SGD moves in a cloud that shrinks as the batch grows", fontsize=10)
+    axes[1].set_title(f"Zoom on the minimum: positions during updates {late}..{updates}", fontsize=10)
     axes[0].legend(fontsize=8, loc="upper right")
     axes[1].legend(fontsize=8, loc="upper right")
     fig.tight_layout()
@@ -176,10 +175,10 @@ def loss_per_update(runs, optimum_loss: float, name: str = "01_loss_per_update")
         ax.set_ylabel("excess loss L(w, b) - L*")
         ax.grid(alpha=0.3)
     axes[0].set_xlabel("parameter updates")
-    axes[0].set_title("Per update: bigger batches go further and settle lower", fontsize=10)
+    axes[0].set_title("Excess loss per update", fontsize=10)
     axes[1].set_xscale("log")
     axes[1].set_xlabel("examples whose gradient was computed (log scale)")
-    axes[1].set_title("Per example processed: small batches are cheaper early on", fontsize=10)
+    axes[1].set_title("Excess loss per example processed", fontsize=10)
     axes[0].legend(fontsize=8)
     fig.tight_layout()
     save_figure(fig, name)
@@ -341,7 +340,7 @@ def throughput_vs_batch(throughput: dict, name: str = "02_throughput"):
     ax.set_ylim(min(rates) / 2, max(rates) * 3)
     _log2_batch_axis(ax, batches)
     ax.set_ylabel("training images / s")
-    ax.set_title("Throughput saturates as the batch grows", fontsize=10)
+    ax.set_title("Training throughput against the batch size", fontsize=10)
     ax.legend(fontsize=8)
     fig.tight_layout()
     save_figure(fig, name)
@@ -398,7 +397,7 @@ def steps_to_target_regimes(batch_sizes, steps: dict, fits: dict, best_lrs: dict
     ax.set_ylim(min(min(v) for v in steps.values()) / 2, max(max(v) for v in steps.values()) * 2)
     _log2_batch_axis(ax, batch_sizes)
     ax.set_ylabel("steps to the target loss (best LR)")
-    ax.set_title("Steps to target: perfect scaling, diminishing returns, no gain", fontsize=10)
+    ax.set_title("Steps to the target against the batch size (best LR per B)", fontsize=10)
     ax.legend(fontsize=7, loc="upper right")
     ax = axes[1]
     for mu in best_lrs:
@@ -408,7 +407,7 @@ def steps_to_target_regimes(batch_sizes, steps: dict, fits: dict, best_lrs: dict
     ax.set_yscale("log", base=2)
     _log2_batch_axis(ax, batch_sizes)
     ax.set_ylabel("best effective LR  lr / (1 - momentum)")
-    ax.set_title("The tuned learning rate grows with B, then stops", fontsize=10)
+    ax.set_title("The best learning rate at each batch size", fontsize=10)
     ax.legend(fontsize=8)
     fig.tight_layout()
     save_figure(fig, name)
@@ -439,7 +438,7 @@ def noise_scale_run(run, b_crit: float, target_loss: float, pooled=(), name: str
     more = twin.get_legend_handles_labels()
     ax.legend(lines[0] + more[0], lines[1] + more[1], fontsize=7, loc="upper center",
               bbox_to_anchor=(0.5, -0.16), ncol=2, frameon=False)
-    ax.set_title("The gradient noise scale grows as training proceeds", fontsize=10)
+    ax.set_title("The gradient noise scale during one training run", fontsize=10)
     fig.tight_layout()
     save_figure(fig, name)
     return fig
@@ -551,16 +550,18 @@ def pipeline_stages(results, name: str = "03_pipeline_stages"):
     ax.barh(y + 0.2, [r.pipeline_rate for r in shown], height=0.38, color="tab:gray",
             label="pipeline alone (no training)")
     ax.barh(y - 0.2, [r.train_rate for r in shown], height=0.38, color="tab:blue", label="training fed by it")
-    ceiling = float(np.median([r.ceiling_rate for r in shown]))
+    # The float32 model's ceiling (timed beside every stage; a stage that changes the model times it as well).
+    ceiling = float(np.median([r.reference_rate if r.reference_rate is not None else r.ceiling_rate for r in shown]))
     ax.axvline(ceiling, color="tab:red", linestyle="--",
-               label=f"compute ceiling, median beside the stages ({ceiling:,.0f}/s)")
+               label=f"float32 model's compute ceiling, median beside the stages ({ceiling:,.0f}/s)")
     for yi, r in zip(y, shown):
-        ax.text(r.train_rate, yi - 0.2, f" {r.fraction_of_ceiling:.2f}x", va="center", fontsize=8)
+        ax.text(r.train_rate, yi - 0.2, f" {r.fraction_of_reference:.2f}x", va="center", fontsize=8)
     ax.set_yticks(y, labels, fontsize=8)
     ax.invert_yaxis()
     ax.set_xscale("log")
     ax.set_xlabel("images per second (log scale)")
-    ax.set_title("Each stage of the input pipeline against the compute ceiling", fontsize=10)
+    ax.set_title("Each stage of the input pipeline against the compute ceiling\n"
+                 "(x: training over the float32 model's ceiling timed beside it)", fontsize=10)
     ax.legend(fontsize=8, loc="lower right")
     ax.grid(axis="x", alpha=0.3)
     fig.tight_layout()
@@ -644,8 +645,10 @@ def scaling(images_per_s: dict, name: str = "04_scaling", real_cores: dict | Non
     series = {label: images_per_s, **({"real cores alone": real_cores} if real_cores else {})}
     fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.6))
     left.plot(workers, workers, "k--", lw=0.8, label="ideal (N x one worker)")
-    for (text, rates), style in zip(series.items(), ("o-", "s:")):
-        left.plot(workers, [rates[w] / rates[workers[0]] * workers[0] for w in workers], style, label=text)
+    colours = ("tab:blue", "tab:gray")  # the same series, the same colour, in both panels
+    for (text, rates), style, colour in zip(series.items(), ("o-", "s:"), colours):
+        left.plot(workers, [rates[w] / rates[workers[0]] * workers[0] for w in workers], style, color=colour,
+                  label=text)
     left.set_xlabel("workers (Horovod processes)")
     left.set_ylabel("speed-up over one worker (images/s)")
     left.set_xticks(workers)
@@ -653,7 +656,7 @@ def scaling(images_per_s: dict, name: str = "04_scaling", real_cores: dict | Non
     left.grid(alpha=0.3)
     left.set_title("Speed-up", fontsize=10)
     width = 0.8 / len(series)
-    for k, ((text, rates), colour) in enumerate(zip(series.items(), ("tab:orange", "tab:gray"))):
+    for k, ((text, rates), colour) in enumerate(zip(series.items(), colours)):
         eff = [rates[w] / (w * rates[workers[0]] / workers[0]) for w in workers]
         xs = [i + (k - (len(series) - 1) / 2) * width for i in range(len(workers))]
         right.bar(xs, eff, width=width, color=colour, label=text)
@@ -662,7 +665,7 @@ def scaling(images_per_s: dict, name: str = "04_scaling", real_cores: dict | Non
     right.set_xticks(range(len(workers)), [str(w) for w in workers])
     right.axhline(1.0, color="k", ls="--", lw=0.8)
     right.set_xlabel("workers")
-    right.set_ylabel("scaling efficiency  T_N / (N T_1)")
+    right.set_ylabel("scaling efficiency: speed-up / N")
     right.set_ylim(0, 1.2)
     right.legend(fontsize=7, loc="lower left")
     right.set_title("Efficiency", fontsize=10)

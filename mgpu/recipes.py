@@ -359,7 +359,8 @@ def summary_rows(runs, target: float) -> list[dict]:
     for run in runs:
         r = run.recipe
         rows.append({"recipe": r.name, "workers": r.workers, "optimizer": r.optimizer,
-                     "momentum": r.momentum, "lr": r.learning_rate(), "warmup_epochs": r.warmup_epochs,
+                     "momentum": r.momentum, "lr": r.learning_rate(),
+                     "warmup_epochs": "its schedule" if r.schedule is not None else r.warmup_epochs,
                      "final_val_acc": run.final_val_accuracy, "diverged": run.diverged,
                      "epochs_to_target": epochs_to_target(run, target),
                      "seconds_to_target": time_to_target(run, target),
