@@ -224,6 +224,11 @@ def fill_cache(stage: str, folder, batch_size: int, image_size: int, seed: int =
 
 #: Training at this fraction of the ceiling or more counts as fed (the model, not the input, limits it).
 FED = 0.9
+#: A pipeline alone below this multiple of the model's ceiling has no margin over it ("just fed").
+JUST_FED = 1.2
+#: A pipeline alone at least this multiple of the model's ceiling has a clear margin: it is not what holds
+#: training back, even when training falls short of the ceiling.
+MARGIN = 1.5
 
 
 @dataclass
@@ -231,13 +236,25 @@ class StageResult:
     stage: Stage
     pipeline_rate: float | None  # images/s the pipeline alone delivers (no training)
     train_rate: float | None     # images/s of training fed by the pipeline
-    ceiling_rate: float | None   # images/s on synthetic on-device data, timed in the same rounds
+    ceiling_rate: float | None   # images/s of the model this stage feeds, on data already on the device, same rounds
+    # images/s of the lab's float32 model on data already on the device, timed in the same rounds; None when
+    # the stage feeds that model (then it is ceiling_rate). Stages that change the model (uint8 input,
+    # mixed precision) have their own ceiling; this one puts every stage on the same scale.
+    reference_rate: float | None = None
 
     @property
     def fraction_of_ceiling(self) -> float | None:
+        """Training over the ceiling of the model this stage feeds (its own model: for uint8 stages, not the lab's)."""
         if self.train_rate is None:
             return None
         return self.train_rate / self.ceiling_rate
+
+    @property
+    def fraction_of_reference(self) -> float | None:
+        """Training over the float32 model's ceiling timed beside it: the same scale for every stage."""
+        if self.train_rate is None:
+            return None
+        return self.train_rate / (self.reference_rate if self.reference_rate is not None else self.ceiling_rate)
 
     @property
     def waiting_share(self) -> float | None:
@@ -248,12 +265,35 @@ class StageResult:
 
     @property
     def bottleneck(self) -> str:
-        """Which side limits training: the input pipeline or the compute."""
+        """What limits training: "input pipeline", "compute", or "shared machine".
+
+        A prefetching stage that trains at ``FED`` of the ceiling or more is compute-bound. Below that,
+        it is input-bound only if its pipeline alone has no margin over the model (less than ``MARGIN``
+        x the ceiling); a pipeline that alone delivers well above what the model needs is not short of
+        speed, and what is missing comes from the two sharing the machine ("shared machine").
+        """
         if self.train_rate is None:
             return "not run"
         if self.stage.overlaps:  # what training reached says it; the pipeline alone is timed apart
-            return "input pipeline" if self.fraction_of_ceiling < FED else "compute"
+            if self.fraction_of_ceiling >= FED:
+                return "compute"
+            return "input pipeline" if self.pipeline_rate < MARGIN * self.ceiling_rate else "shared machine"
         return "input pipeline" if self.waiting_share > 0.1 else "compute"
+
+
+def best_stage(results: list[StageResult]) -> StageResult:
+    """The stage whose training went fastest, each measured against the same ceiling (the float32 model's).
+
+    Every stage trains the same network on the same images, so what counts is images of training per
+    second. Comparing each stage's fraction of *its own* model's ceiling would favour a stage that slows the
+    model down (a lower ceiling is easier to reach); raw images/s would favour a stage measured while the
+    machine happened to be faster. The fraction of the float32 model's ceiling, timed in the same rounds,
+    is neither.
+    """
+    trained = [r for r in results if r.train_rate is not None]
+    if not trained:
+        raise ValueError("no stage was trained")
+    return max(trained, key=lambda r: r.fraction_of_reference)
 
 
 def describe_bottleneck(r: StageResult, on_gpu: bool = False) -> str:
@@ -261,28 +301,38 @@ def describe_bottleneck(r: StageResult, on_gpu: bool = False) -> str:
     if r.train_rate is None:
         return f"{r.stage.name}: not run here (it needs a GPU)."
     measured = f"training reaches {r.fraction_of_ceiling:.2f}x the ceiling"
+    own_model = ""
+    if r.reference_rate is not None:
+        own_model = (f" (This stage's model differs from the float32 one: its ceiling is "
+                     f"{r.ceiling_rate / r.reference_rate:.2f}x the float32 model's {r.reference_rate:,.0f}/s timed "
+                     f"beside it, and its training {r.fraction_of_reference:.2f}x that.)")
     if not r.stage.overlaps:
         kind = "input-bound" if r.bottleneck == "input pipeline" else "compute-bound"
         return (f"{r.stage.name}: {kind}. Without prefetching, the next batch is mostly prepared after the step "
                 f"asks for it, so the model waits about {r.waiting_share:.0%} of every step (pipeline alone "
                 f"{r.pipeline_rate:,.0f} images/s, model {r.ceiling_rate:,.0f}/s): the waiting predicts "
-                f"{1 - r.waiting_share:.2f}x the ceiling; {measured}.")
+                f"{1 - r.waiting_share:.2f}x the ceiling; {measured}.{own_model}")
     if r.bottleneck == "input pipeline":
+        pace = ("does not keep up with" if r.pipeline_rate < r.ceiling_rate else
+                "has little margin over")
         return (f"{r.stage.name}: input-bound. Batches are prepared during the previous step, but the pipeline "
-                f"(alone {r.pipeline_rate:,.0f} images/s) does not keep up with the {r.ceiling_rate:,.0f}/s the "
-                f"model can train on; {measured}.")
-    if r.pipeline_rate < 1.2 * r.ceiling_rate:
-        return (f"{r.stage.name}: just fed. Batches are prepared during the previous step, and the pipeline alone "
-                f"({r.pipeline_rate:,.0f} images/s) is about as fast as the model ({r.ceiling_rate:,.0f}/s), with "
-                f"no margin: {measured}, but a slower moment of the pipeline would show at once.")
+                f"(alone {r.pipeline_rate:,.0f} images/s) {pace} the {r.ceiling_rate:,.0f}/s the "
+                f"model can train on; {measured}.{own_model}")
+    if r.pipeline_rate < JUST_FED * r.ceiling_rate:
+        return (f"{r.stage.name}: just fed. Batches are prepared during the previous step; the pipeline alone "
+                f"({r.pipeline_rate:,.0f} images/s, timed on its own) has no margin over the model "
+                f"({r.ceiling_rate:,.0f}/s), yet {measured}: fed for now, but a slower moment of the pipeline "
+                f"would show at once.{own_model}")
     gap = 1 - r.fraction_of_ceiling
-    reason = ("" if gap <= 0.02 else
-              f"; the missing {gap:.0%} is " + ("host-device copying and scheduling." if on_gpu else
-                                                "the pipeline's threads disturbing the model's core (caches, "
-                                                "memory bandwidth, scheduling)."))
-    return (f"{r.stage.name}: compute-bound. Batches are prepared during the previous step, and the pipeline "
+    sharing = ("host-device copies and scheduling" if on_gpu else
+               "caches, memory bandwidth, the threads that launch each step")
+    reason = ("" if gap <= 0.02 else f"; the missing {gap:.0%} comes from the pipeline and the model sharing the "
+              f"machine ({sharing}), not from the pipeline's speed alone")
+    kind = ("compute-bound" if r.bottleneck == "compute" else
+            "not input-bound, slowed by sharing the machine")
+    return (f"{r.stage.name}: {kind}. Batches are prepared during the previous step, and the pipeline alone "
             f"could deliver {r.pipeline_rate:,.0f} images/s, {r.pipeline_rate / r.ceiling_rate:.1f}x what the "
-            f"model needs; {measured}{reason}")
+            f"model needs; {measured}{reason}.{own_model}")
 
 
 def measure_stages(folder, *, batch_size: int, image_size: int, width: float, repeats: int = 5,
@@ -320,24 +370,29 @@ def measure_stages(folder, *, batch_size: int, image_size: int, width: float, re
                 tf.keras.mixed_precision.set_global_policy("float32")
         else:
             step = steps[stage.uint8]
-        # The ceiling of the model this stage feeds: the same step on a batch already in memory.
+        # The ceiling of the model this stage feeds: the same step on a batch already in memory. A stage that
+        # changes the model also times the float32 model's ceiling in the same rounds (the common scale).
         ceiling_batch = on_device[stage.uint8]
+        changes_model = stage.uint8 or stage.needs_gpu
         fresh = fill_cache(stage.name, folder, batch_size, image_size, seed, host_threads)
         alone = fresh()
         pipeline_rate = measure_rate(lambda: next(alone), batch_size, warmup=2, repeats=repeats,
                                      calls_per_round=steps_per_round * 2).median
         feeding = fresh()
-        rates = measure_side_by_side(
-            {"ceiling": lambda: step(ceiling_batch, on_device_labels).numpy(),
-             "train": lambda: step(*next(feeding)).numpy()},
-            batch_size, warmup=2, repeats=repeats, calls_per_round=steps_per_round)
-        results.append(StageResult(stage, pipeline_rate, rates["train"].median, rates["ceiling"].median))
+        calls = {"ceiling": lambda: step(ceiling_batch, on_device_labels).numpy(),
+                 "train": lambda: step(*next(feeding)).numpy()}
+        if changes_model:
+            calls["reference"] = lambda: steps[False](on_device[False], on_device_labels).numpy()
+        rates = measure_side_by_side(calls, batch_size, warmup=2, repeats=repeats, calls_per_round=steps_per_round)
+        results.append(StageResult(stage, pipeline_rate, rates["train"].median, rates["ceiling"].median,
+                                   rates["reference"].median if changes_model else None))
     return results
 
 
 def stages_table(results: list[StageResult], batch_size: int):
     """The stages side by side (a :class:`mgpu.tables.Table`): images/s of the pipeline alone, of
-    training fed by it and of the ceiling beside it, the fraction, and the milliseconds per batch."""
+    training fed by it and of the ceiling beside it; training as a fraction of that ceiling (the model the
+    stage feeds) and of the float32 model's ceiling (the same scale for every stage); ms per batch."""
     from mgpu.tables import Table
 
     rows = []
@@ -346,11 +401,12 @@ def stages_table(results: list[StageResult], batch_size: int):
             rows.append({"stage": r.stage.name, "pipeline alone /s": "(needs a GPU)"})
             continue
         rows.append({"stage": r.stage.name, "pipeline alone /s": r.pipeline_rate, "training /s": r.train_rate,
-                     "ceiling /s": r.ceiling_rate, "fraction": r.fraction_of_ceiling,
+                     "ceiling /s": r.ceiling_rate, "of its ceiling": r.fraction_of_ceiling,
+                     "of float32 ceiling": r.fraction_of_reference,
                      "ms/batch in": 1e3 * batch_size / r.pipeline_rate,
                      "ms/batch train": 1e3 * batch_size / r.train_rate})
     return Table(rows, formats={"pipeline alone /s": ",.0f", "training /s": ",.0f", "ceiling /s": ",.0f",
-                                "fraction": ".2f", "ms/batch in": ".1f", "ms/batch train": ".1f"})
+                                "of its ceiling": ".2f", "of float32 ceiling": ".2f", "ms/batch in": ".1f", "ms/batch train": ".1f"})
 
 
 def profile_training(step, iterator, logdir, steps: int = 5) -> list:
