@@ -751,11 +751,12 @@ def accuracy_vs_time(logs: dict, target: float | None = None, diverged=(), name:
                 ax.plot(x[-1], accuracy[-1], "x", color=f"C{i}", ms=10, mew=2.5)
     for ax, xlabel in ((by_time, "wall time since training began (s)"), (by_epoch, "epoch")):
         if target is not None:
-            ax.axhline(target, color="k", ls=":", lw=1)
+            ax.axhline(target, color="k", ls=":", lw=1, label=f"target {target:g}" if ax is by_epoch else None)
         ax.set_xlabel(xlabel)
         ax.grid(alpha=0.3)
     by_time.set_ylabel("validation accuracy")
-    by_time.set_title("accuracy against wall time (x: diverged, stopped)", fontsize=10)
+    stopped = any(label in diverged for label in logs)
+    by_time.set_title("accuracy against wall time" + (" (x: diverged, stopped)" if stopped else ""), fontsize=10)
     by_epoch.set_title("the same runs against epochs", fontsize=10)
     by_epoch.legend(fontsize=8, loc="lower right")
     fig.tight_layout()

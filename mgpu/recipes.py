@@ -337,10 +337,14 @@ def read_log(path) -> list[dict]:
         return [{k: float(v) for k, v in row.items()} for row in csv.DictReader(f)]
 
 
+#: Accuracies are float32 counts of a validation set: 0.85 may come back as 0.8499999.
+_ROUNDING = 1e-6
+
+
 def time_to_target(run: RecipeRun, target: float) -> float | None:
     """Seconds from the start of training to the first epoch with ``val_accuracy >= target``."""
     for accuracy, seconds in zip(run.val_accuracy, run.wall_times):
-        if accuracy >= target:
+        if accuracy >= target - _ROUNDING:
             return float(seconds)
     return None
 
@@ -348,7 +352,7 @@ def time_to_target(run: RecipeRun, target: float) -> float | None:
 def epochs_to_target(run: RecipeRun, target: float) -> int | None:
     """The number of epochs until ``val_accuracy >= target`` (None if never)."""
     for epoch, accuracy in enumerate(run.val_accuracy, start=1):
-        if accuracy >= target:
+        if accuracy >= target - _ROUNDING:
             return epoch
     return None
 
