@@ -47,3 +47,11 @@ def crossover(rows: list[dict], cpu: str, gpu: str) -> int | None:
         if row[gpu] < row[cpu]:
             return row["batch"]
     return None
+
+
+def matmul_rows(name: str = "gpu_h100") -> list[dict]:
+    """Square matmul TFLOP/s by size, one row per n: float32, float16 and bfloat16 (and TF32 where measured)."""
+    rows: dict[int, dict] = {}
+    for entry in load(name)["matmul"]:
+        rows.setdefault(entry["n"], {"n": entry["n"]})[entry["dtype"]] = entry["tflops"]
+    return [rows[n] for n in sorted(rows)]

@@ -23,3 +23,12 @@ def test_crossover_is_the_first_batch_where_the_gpu_is_faster():
             {"batch": 10, "cpu": 2.0, "gpu": 3.0}]
     assert reference.crossover(rows, "cpu", "gpu") == 100
     assert reference.crossover(rows[1:], "cpu", "gpu") is None
+
+
+def test_matmul_rows_hold_each_size_once_with_its_dtypes():
+    rows = reference.matmul_rows()
+    assert [r["n"] for r in rows] == sorted({r["n"] for r in rows})
+    assert all(r["float32"] > 0 and r["float16"] > 0 for r in rows)
+    # Tensor-core shapes: at 4096 float16 runs several times float32, and more than at 4095.
+    by_n = {r["n"]: r for r in rows}
+    assert by_n[4096]["float16"] / by_n[4096]["float32"] > by_n[4095]["float16"] / by_n[4095]["float32"] > 1
