@@ -42,11 +42,11 @@ def call_costs(name: str = "gpu_h100", threads: int = 2) -> list[dict]:
 
 
 def crossover(rows: list[dict], cpu: str, gpu: str) -> int | None:
-    """The first batch of ``rows`` from which the GPU column is faster than the CPU column, or None."""
-    for row in sorted(rows, key=lambda r: r["batch"]):
-        if row[gpu] < row[cpu]:
-            return row["batch"]
-    return None
+    """The first batch of ``rows`` from which the GPU column is faster than the CPU column, or None
+    (:func:`mgpu.measure.crossover_batch` on the two columns)."""
+    from mgpu import measure
+
+    return measure.crossover_batch({r["batch"]: r[cpu] for r in rows}, {r["batch"]: r[gpu] for r in rows})
 
 
 def matmul_rows(name: str = "gpu_h100") -> list[dict]:
