@@ -39,7 +39,8 @@ import numpy as np
 from mgpu.allreduce import ring_traffic_fraction
 
 __all__ = ["split_micro_batches", "activation_values_per_example", "bubble_fraction", "gpipe_schedule", "schedule_idle_fraction",
-           "Interval", "PipelineRun", "run_pipeline", "run_sequential", "idle_fraction", "busy_by_stage", "hybrid_plan"]
+           "Interval", "PipelineRun", "run_pipeline", "run_sequential", "idle_fraction", "busy_by_stage", "hybrid_plan",
+           "tensor_parallel_blocks", "tensor_parallel_check"]
 
 
 def split_micro_batches(n_examples: int, micro_batches: int) -> list[slice]:
@@ -291,3 +292,80 @@ def hybrid_plan(*, replicas: int, stages: int, micro_batches: int, batch: int,
         "bytes_allreduce_if_pure_data_parallel_per_device": ring_traffic_fraction(replicas * stages)
         * sum(parameters_by_stage) * bytes_per_value,
     }
+
+
+# --------------------------------------------------------------------------------------------
+# Tensor parallelism: Megatron's MLP block on real Horovod workers (notebook 09's exercise)
+
+
+def tensor_parallel_blocks(features: int, hidden: int, workers: int, rank: int, *, batch: int, seed: int):
+    """The problem of the exercise, the same on every worker: ``x``, ``W1``, ``W2``, the loss weights ``r``,
+    and this worker's blocks: columns ``rank`` of ``W1`` and the matching rows of ``W2`` (``hidden / workers``
+    of each). Returns ``(x, w1, w2, r, w1_block, w2_block)`` as float32 arrays."""
+    if hidden % workers:
+        raise ValueError(f"hidden ({hidden}) must divide among {workers} workers")
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(batch, features)).astype(np.float32)
+    w1 = (rng.normal(size=(features, hidden)) / np.sqrt(features)).astype(np.float32)
+    w2 = (rng.normal(size=(hidden, features)) / np.sqrt(hidden)).astype(np.float32)
+    r = rng.normal(size=(batch, features)).astype(np.float32)
+    mine = slice(rank * hidden // workers, (rank + 1) * hidden // workers)
+    return x, w1, w2, r, w1[:, mine], w2[mine, :]
+
+
+def tensor_parallel_check(mlp: Callable, features: int = 64, hidden: int = 256, batch: int = 32, seed: int = 0) -> list[dict]:
+    """Run the learner's ``mlp(x, w1_block, w2_block)`` on every Horovod worker (call it under ``launch.run``).
+
+    Every worker holds the whole input ``x`` and its blocks of the two weights. The loss is the same
+    on every worker, ``sum(y * r)``; its gradients with respect to ``x`` and the worker's blocks are
+    compared with the unsplit block's, ``relu(x W1) W2``, computed on the worker with the whole weights.
+    ``hvd.allreduce`` is wrapped for the call so that its calls are counted, in the forward pass and in
+    the backward pass. Returns one row per rank (gathered), each with the largest absolute differences
+    (output, input gradient, weight gradients), the scales they are read against, and the counts.
+    """
+    import horovod.tensorflow as hvd
+    import tensorflow as tf
+
+    hvd.init()
+    x, w1, w2, r, w1_block, w2_block = tensor_parallel_blocks(features, hidden, hvd.size(), hvd.rank(),
+                                                              batch=batch, seed=seed)
+    mine = slice(hvd.rank() * hidden // hvd.size(), (hvd.rank() + 1) * hidden // hvd.size())
+    x_t, w1_t, w2_t, r_t = (tf.constant(a) for a in (x, w1, w2, r))
+    with tf.GradientTape() as tape:
+        tape.watch([x_t, w1_t, w2_t])
+        y_ref = tf.matmul(tf.nn.relu(tf.matmul(x_t, w1_t)), w2_t)
+        loss_ref = tf.reduce_sum(y_ref * r_t)
+    dx_ref, dw1_ref, dw2_ref = (g.numpy() for g in tape.gradient(loss_ref, [x_t, w1_t, w2_t]))
+
+    calls = {"phase": "forward", "forward": 0, "backward": 0, "values": 0}
+    original = hvd.allreduce
+
+    def counted(tensor, *args, **kwargs):
+        calls[calls["phase"]] += 1
+        calls["values"] += int(np.prod(tensor.shape))
+        return original(tensor, *args, **kwargs)
+
+    hvd.allreduce = counted
+    try:
+        x_in, w1_in, w2_in = tf.constant(x), tf.constant(w1_block), tf.constant(w2_block)
+        with tf.GradientTape() as tape:
+            tape.watch([x_in, w1_in, w2_in])
+            y = mlp(x_in, w1_in, w2_in)
+            loss = tf.reduce_sum(tf.convert_to_tensor(y) * r_t)
+        calls["phase"] = "backward"
+        dx, dw1, dw2 = tape.gradient(loss, [x_in, w1_in, w2_in])
+    finally:
+        hvd.allreduce = original
+
+    def diff(got, want):
+        return float("inf") if got is None else float(np.max(np.abs(np.asarray(got) - want)))
+
+    row = {"rank": hvd.rank(), "workers": hvd.size(),
+           "output": diff(y, y_ref.numpy()), "input gradient": diff(dx, dx_ref),
+           "W1 block gradient": diff(dw1, dw1_ref[:, mine]), "W2 block gradient": diff(dw2, dw2_ref[mine, :]),
+           "output scale": float(np.max(np.abs(y_ref))),
+           "gradient scale": float(max(np.max(np.abs(g)) for g in (dx_ref, dw1_ref, dw2_ref))),
+           "all-reduces forward": calls["forward"], "all-reduces backward": calls["backward"],
+           "values all-reduced": calls["values"],
+           "weights held": int(w1_block.size + w2_block.size), "weights of the block": int(w1.size + w2.size)}
+    return hvd.allgather_object(row)

@@ -269,3 +269,98 @@ def test_one_batch_accumulated_micro_batches_and_an_allreduce_give_the_same_grad
     for part in mp.split_micro_batches(len(x), 4):
         summed = [a + g for a, g in zip(summed, _gradient(model, x[part], y[part]))]
     assert not np.allclose(summed[0], whole[0], rtol=1e-2)
+
+
+# --------------------------------------------------------------------------------------------
+# Notebook 09's exercise: Megatron's tensor-parallel MLP block on two real Horovod workers
+
+
+def _tp_cells():
+    import nbformat
+
+    from mgpu import course, labs
+
+    path = next(p for p in course.course_notebooks() if p.name.startswith("09_"))
+    notebook = nbformat.read(path, as_version=4)
+    by_id = {c.metadata["nbgrader"]["grade_id"]: c.source for c in notebook.cells if "nbgrader" in c.metadata}
+    released = {c.metadata["nbgrader"]["grade_id"]: c.source for c in labs.release(notebook).cells
+                if "nbgrader" in c.metadata}
+    return by_id, released
+
+
+def _run_tp_exercise(solution_source):
+    """What the notebook does: the solution cell, then its test cell (which launches 2 workers)."""
+    import tensorflow as tf
+
+    by_id, _ = _tp_cells()
+    namespace = {"tf": tf, "launch": launch, "model_parallel": mp, "seed": 7,
+                 "tp_setting": dict(features=16, hidden=32, batch=8)}
+    exec(compile(solution_source, "tensor_parallel_mlp_solution", "exec"), namespace)
+    exec(compile(by_id["tensor_parallel_mlp_tests"], "tensor_parallel_mlp_tests", "exec"), namespace)
+    return namespace["tp_rows"]
+
+
+def test_the_tensor_parallel_blocks_are_columns_of_w1_and_rows_of_w2_that_rebuild_the_block():
+    parts = [mp.tensor_parallel_blocks(6, 8, 2, k, batch=3, seed=1) for k in range(2)]
+    x, w1, w2 = parts[0][:3]
+    assert all(np.array_equal(p[1], w1) and np.array_equal(p[0], x) for p in parts)
+    np.testing.assert_array_equal(np.concatenate([p[4] for p in parts], axis=1), w1)
+    np.testing.assert_array_equal(np.concatenate([p[5] for p in parts], axis=0), w2)
+    relu = lambda a: np.maximum(a, 0)  # noqa: E731
+    np.testing.assert_allclose(sum(relu(x @ p[4]) @ p[5] for p in parts), relu(x @ w1) @ w2, rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError):
+        mp.tensor_parallel_blocks(6, 7, 2, 0, batch=3, seed=1)
+
+
+@pytest.mark.slow
+def test_the_09_exercise_test_passes_the_solution_on_two_workers():
+    by_id, _ = _tp_cells()
+    rows = _run_tp_exercise(by_id["tensor_parallel_mlp_solution"])
+    assert [r["rank"] for r in rows] == [0, 1]
+    assert all((r["all-reduces forward"], r["all-reduces backward"]) == (1, 1) for r in rows)
+    assert all(r["weights held"] * 2 == r["weights of the block"] for r in rows)
+
+
+PLAIN_ALLREDUCE = '''
+def tensor_parallel_mlp(x, w1_block, w2_block):
+    import horovod.tensorflow as hvd
+    hidden = tf.nn.relu(tf.matmul(x, w1_block))
+    return hvd.allreduce(tf.matmul(hidden, w2_block), op=hvd.Sum)
+'''
+NO_BACKWARD_SUM = '''
+def tensor_parallel_mlp(x, w1_block, w2_block):
+    import horovod.tensorflow as hvd
+
+    @tf.custom_gradient
+    def g(partial):
+        return hvd.allreduce(partial, op=hvd.Sum), lambda dy: tf.identity(dy)
+
+    return g(tf.matmul(tf.nn.relu(tf.matmul(x, w1_block)), w2_block))
+'''
+AVERAGE = '''
+def tensor_parallel_mlp(x, w1_block, w2_block):
+    import horovod.tensorflow as hvd
+
+    @tf.custom_gradient
+    def f(x):
+        return tf.identity(x), lambda dx: hvd.allreduce(dx, op=hvd.Sum)
+
+    @tf.custom_gradient
+    def g(partial):
+        return hvd.allreduce(partial, op=hvd.Average), lambda dy: tf.identity(dy)
+
+    return g(tf.matmul(tf.nn.relu(tf.matmul(f(x), w1_block)), w2_block))
+'''
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("answer, complaint", [
+    (None, "NotImplementedError"),                        # the learner's copy, untouched
+    (PLAIN_ALLREDUCE, "the weight gradients"),            # Horovod's own gradient of the all-reduce: 2x
+    (NO_BACKWARD_SUM, "x's gradient"),                    # f left out: each worker keeps its share of dx
+    (AVERAGE, "y is not the unsplit block's"),            # the mean of the partial outputs, not their sum
+], ids=["stub", "plain-allreduce", "no-f", "average"])
+def test_the_09_exercise_test_rejects_the_stub_and_wrong_blocks(answer, complaint):
+    _, released = _tp_cells()
+    with pytest.raises(AssertionError, match=complaint):
+        _run_tp_exercise(released["tensor_parallel_mlp_solution"] if answer is None else answer)
