@@ -1,6 +1,7 @@
 """mgpu.serving: the load generator, latency statistics, the queueing model of batching, section 3's
 CPU-checkable pieces, and a real Triton server that starts, answers and stops leaving no process."""
 
+import functools
 import math
 import os
 import signal
@@ -154,6 +155,125 @@ def test_loss_scaled_scales_the_loss_and_unscales_the_gradients():
     weight = tf.Variable([1.0, -1.0])
     wrapped.minimize(lambda: tf.reduce_sum(weight ** 2) / 2, [weight])
     assert np.allclose(weight.numpy(), [0.9, -0.9])
+
+
+# ---- a batcher of one's own: the harness and notebook 11's batching_loop exercise
+
+
+def _toy_model(batch):
+    return np.asarray(batch) @ np.arange(12).reshape(4, 3) + 1
+
+
+def _greedy_loop(requests, model, max_batch, max_delay):
+    # Everything waiting, up to max_batch, without a delay.
+    import queue
+
+    while True:
+        first = requests.get()
+        if first is None:
+            return
+        batch = [first]
+        while len(batch) < max_batch:
+            try:
+                request = requests.get_nowait()
+            except queue.Empty:
+                break
+            if request is None:
+                requests.put(None)
+                break
+            batch.append(request)
+        for (_, answer), output in zip(batch, model(np.stack([row for row, _ in batch]))):
+            answer.set_result(output)
+
+
+@pytest.mark.parametrize("wait_for_answers", [True, False])
+def test_serve_in_threads_answers_every_row_and_counts_the_batches(wait_for_answers):
+    rows = np.arange(40 * 4).reshape(40, 4)
+    run = serving.serve_in_threads(_greedy_loop, _toy_model, rows, clients=4, max_batch=8, max_delay=0.0,
+                                   wait_for_answers=wait_for_answers)
+    assert all(np.array_equal(a, _toy_model(r[None])[0]) for a, r in zip(run.answers, rows))
+    assert sum(run.batch_sizes) == 40 and max(run.batch_sizes) <= 8
+    assert run.latencies.shape == (40,) and np.all(run.latencies >= 0) and run.seconds > 0
+    assert run.throughput > 0 and run.mean_batch == pytest.approx(40 / len(run.batch_sizes))
+
+
+def test_serve_in_threads_raises_the_loops_error_and_never_hangs():
+    rows = np.arange(8 * 4).reshape(8, 4)
+
+    def broken(requests, model, max_batch, max_delay):
+        raise ValueError("broken loop")
+
+    def gives_up(requests, model, max_batch, max_delay):
+        requests.get()  # takes one request and returns without answering it
+
+    with pytest.raises(ValueError, match="broken loop"):
+        serving.serve_in_threads(broken, _toy_model, rows, clients=2, max_batch=4, max_delay=0.0)
+    with pytest.raises(RuntimeError, match="stopped while a request waited"):
+        serving.serve_in_threads(gives_up, _toy_model, rows, clients=2, max_batch=4, max_delay=0.0, timeout=5.0)
+
+
+@functools.lru_cache(maxsize=1)
+def _exercise_cells():
+    import nbformat
+
+    from mgpu import course, labs
+
+    path = next(p for p in course.course_notebooks() if p.name.startswith("11_"))
+    notebook = nbformat.read(path, as_version=4)
+    grade_id = lambda cells: {c.metadata["nbgrader"]["grade_id"]: c.source for c in cells if "nbgrader" in c.metadata}
+    return grade_id(notebook.cells), grade_id(labs.release(notebook).cells)
+
+
+def _run_batching_exercise(solution):
+    import queue
+    import time
+
+    cells, _ = _exercise_cells()
+    namespace = {"np": np, "queue": queue, "time": time}
+    exec(compile(solution, "batching_loop_solution", "exec"), namespace)
+    exec(compile(cells["batching_loop_tests"], "batching_loop_tests", "exec"), namespace)
+
+
+_LOOP_HEAD = ("def batching_loop(requests, model, max_batch, max_delay):\n    while True:\n"
+              "        first = requests.get()\n        if first is None:\n            return\n")
+_WRONG_LOOPS = {
+    # Never gathers: one model call per request, whatever the delay.
+    "alone": _LOOP_HEAD + "        first[1].set_result(model(np.stack([first[0]]))[0])\n",
+    # Gathers until the delay, never stopping at max_batch.
+    "uncapped": _LOOP_HEAD + (
+        "        batch, deadline = [first], time.perf_counter() + max_delay\n"
+        "        while True:\n            try:\n"
+        "                r = requests.get(timeout=max(0.0, deadline - time.perf_counter()))\n"
+        "            except queue.Empty:\n                break\n"
+        "            if r is None:\n                requests.put(None)\n                break\n"
+        "            batch.append(r)\n"
+        "        out = model(np.stack([row for row, _ in batch]))\n"
+        "        for (_, f), o in zip(batch, out):\n            f.set_result(o)\n"),
+    # Answers every request with the whole batch's output.
+    "whole batch": _LOOP_HEAD + (
+        "        batch = [first]\n"
+        "        while len(batch) < max_batch and not requests.empty():\n            batch.append(requests.get())\n"
+        "        if batch[-1] is None:\n            requests.put(batch.pop())\n"
+        "        out = model(np.stack([row for row, _ in batch]))\n"
+        "        for _, f in batch:\n            f.set_result(out)\n"),
+    # Rows answered in reverse order.
+    "reversed": _LOOP_HEAD + (
+        "        batch = [first]\n"
+        "        while len(batch) < max_batch and not requests.empty():\n            batch.append(requests.get())\n"
+        "        if batch[-1] is None:\n            requests.put(batch.pop())\n"
+        "        out = model(np.stack([row for row, _ in batch]))\n"
+        "        for (_, f), o in zip(batch, out[::-1]):\n            f.set_result(o)\n"),
+}
+
+
+def test_the_batching_loop_exercise_passes_the_solution_and_rejects_the_stub_and_wrong_loops():
+    cells, released = _exercise_cells()
+    _run_batching_exercise(cells["batching_loop_solution"])
+    with pytest.raises(NotImplementedError):
+        _run_batching_exercise(released["batching_loop_solution"])
+    for name, wrong in _WRONG_LOOPS.items():
+        with pytest.raises(AssertionError):
+            _run_batching_exercise(wrong)
 
 
 # ---- a real server
