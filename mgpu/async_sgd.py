@@ -6,6 +6,9 @@ teaches); this module holds what the notebook measures it with:
 - :func:`least_squares_problem`, the small regression every toy run trains, with its largest
   curvature (so learning rates can be given as fractions of gradient descent's limit 2 / lambda_max);
 - :func:`losses_of_snapshots` and :func:`staleness_histogram`, reading a run afterwards;
+- :func:`staleness_aware_update`, the server's rule of Zhang, Gupta, Lian & Liu (2016) (the reference
+  for the notebook's exercise), and :func:`simulate_async`, a deterministic asynchronous run without
+  threads that an update rule can be tested on;
 - :func:`traffic_per_worker`, the bytes a step moves through a parameter server and through a ring;
 - :func:`split_by_work_load`, MXNet's ``work_load_list``: a global batch cut in proportion to the
   devices' speeds;
@@ -25,9 +28,11 @@ import signal
 import subprocess
 import sys
 import tempfile
+import heapq
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -68,6 +73,65 @@ def staleness_histogram(staleness: Sequence[int]) -> dict[int, float]:
     """The fraction of applied updates at each staleness, smallest first."""
     values, counts = np.unique(np.asarray(staleness, int), return_counts=True)
     return {int(v): float(c / counts.sum()) for v, c in zip(values, counts)}
+
+
+# --------------------------------------------------------------------------------------------
+# The staleness-aware update rule, and a deterministic asynchronous run to test a rule on
+
+
+@dataclass
+class ServerState:
+    """What a parameter server's update rule reads and changes; the notebook's toy server has the same
+    attributes. ``read_version[worker]``: the version of the weights that worker holds (set when it
+    pulls, and by the rule when the server replies to its push with new weights)."""
+
+    weights: np.ndarray
+    lr: float
+    version: int = 0                                   # updates applied so far
+    read_version: dict = field(default_factory=dict)   # worker -> version it computes its gradient on
+
+
+def staleness_aware_update(server, worker, gradient) -> int:
+    """Apply ``worker``'s gradient as Zhang, Gupta, Lian & Liu (2016) do; return its staleness.
+
+    The staleness is the number of updates applied since the worker read its weights; the step is
+    the rate divided by it (a fresh gradient, staleness 0, gets the full rate). The server then
+    counts the update and replies with the new weights, which the worker computes on next.
+    """
+    tau = server.version - server.read_version[worker]
+    server.weights = server.weights - (server.lr / max(tau, 1)) * np.asarray(gradient, server.weights.dtype)
+    server.version += 1
+    server.read_version[worker] = server.version
+    return tau
+
+
+def simulate_async(update: Callable, *, workers: int = 4, updates: int = 60, seed: int = 0,
+                   lr_fraction: float = 0.45, features: int = 5, batch: int = 8) -> dict:
+    """Asynchronous SGD on the toy regression, event by event, without threads: the same for every call.
+
+    Every worker pulls version 0 at time 0. Each gradient takes a time drawn from U(0.5, 1.5); the
+    gradients reach the server in time order (ties by worker). The server applies each through
+    ``update(server, worker, gradient)`` (a :class:`ServerState`; the rule returns the staleness),
+    and the worker computes its next gradient on the weights of the reply. After ``updates``
+    pushes, returns the weights, the staleness of every push and the server's version.
+    """
+    x, y, lambda_max = least_squares_problem(seed, examples=256, features=features)
+    rng = np.random.default_rng([seed, 6])
+    server = ServerState(np.zeros(features, np.float32), lr_fraction * 2.0 / lambda_max)
+    held, ready = {}, []
+    for worker in range(workers):
+        server.read_version[worker] = server.version
+        held[worker] = server.weights.copy()
+        heapq.heappush(ready, (float(rng.uniform(0.5, 1.5)), worker))
+    staleness = []
+    for _ in range(updates):
+        now, worker = heapq.heappop(ready)
+        rows = rng.integers(0, len(x), size=batch)
+        gradient = (x[rows].T @ (x[rows] @ held[worker] - y[rows]) / batch).astype(np.float32)
+        staleness.append(int(update(server, worker, gradient)))
+        held[worker] = np.array(server.weights, dtype=np.float32, copy=True)
+        heapq.heappush(ready, (now + float(rng.uniform(0.5, 1.5)), worker))
+    return {"weights": np.array(server.weights, copy=True), "staleness": staleness, "version": server.version}
 
 
 # --------------------------------------------------------------------------------------------

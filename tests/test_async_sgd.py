@@ -1,5 +1,6 @@
 """Notebook 06's parameter server and stragglers: the toy server's staleness accounting (the
-notebook's own cells, run here), the uneven split and its weighting on real Horovod workers, the
+notebook's own cells, run here), the staleness-aware update exercise against the library's rule,
+the uneven split and its weighting on real Horovod workers, the
 traffic counts, and TensorFlow's ParameterServerStrategy in a child process that never outlives
 its call."""
 
@@ -15,16 +16,23 @@ import pytest
 import mgpu  # noqa: F401  (before TensorFlow)
 import tensorflow as tf
 
-from mgpu import allreduce, async_sgd, course, launch
+from mgpu import allreduce, async_sgd, course, labs, launch
 
 TAG = "toy_parameter_server"
 
 
+def _notebook():
+    return nbformat.read(next(p for p in course.course_notebooks() if p.name.startswith("06")), as_version=4)
+
+
 def _toy_cells() -> list[str]:
-    notebook = next(p for p in course.course_notebooks() if p.name.startswith("06"))
-    cells = [c.source for c in nbformat.read(notebook, as_version=4).cells if TAG in c.metadata.get("tags", [])]
-    assert cells, f"{notebook.name} has no cells tagged {TAG!r}"
+    cells = [c.source for c in _notebook().cells if TAG in c.metadata.get("tags", [])]
+    assert cells, f"notebook 06 has no cells tagged {TAG!r}"
     return cells
+
+
+def _graded(notebook, grade_id):
+    return next(c.source for c in notebook.cells if c.metadata.get("nbgrader", {}).get("grade_id") == grade_id)
 
 
 @pytest.fixture(scope="module")
@@ -35,33 +43,95 @@ def toy():
                  "ps_setting": {"batch": 8, "device_ms": 5}}
     for source in _toy_cells():
         exec(compile(source, TAG, "exec"), namespace)
+    exec(compile(_graded(_notebook(), "staleness_aware_update_solution"), "solution", "exec"), namespace)
     return namespace
 
 
 def test_staleness_is_the_updates_between_pull_and_push(toy):
     server = toy["ToyParameterServer"](np.zeros(3), lr=0.5)
-    _, version_a = server.pull()
-    _, version_b = server.pull()
-    _, version_c = server.pull()
-    weights_a, version_a = server.push(np.ones(3, np.float32), version_a)     # nothing happened since: 0
+    for worker in "abc":
+        server.pull(worker)
+    weights_a, version_a = server.push("a", np.ones(3, np.float32))           # nothing happened since: 0
     assert version_a == 1 and np.allclose(weights_a, -0.5)
-    server.push(np.full(3, 2.0, np.float32), version_b)                       # A pushed meanwhile: 1
-    server.push(np.full(3, 4.0, np.float32), version_c)                       # A and B pushed: 2
-    server.push(np.ones(3, np.float32), version_a)                            # B and C since A's reply: 2
-    assert server.staleness == [0, 1, 2, 2]
+    server.push("b", np.full(3, 2.0, np.float32))                             # A pushed meanwhile: 1
+    server.push("c", np.full(3, 4.0, np.float32))                             # A and B pushed: 2
+    server.push("a", np.ones(3, np.float32))                                  # B and C since A's reply: 2
+    assert server.staleness == [0, 1, 2, 2] and server.read_version == {"a": 4, "b": 2, "c": 3}
     assert server.version == 4 and len(server.snapshots) == 5
     assert np.allclose(server.weights, -0.5 * (1 + 2 + 4 + 1))
     assert server.bytes_in == 4 * 12 and server.bytes_out == 3 * 12 + 4 * 12  # 3 pulls, 4 replies
 
 
 def test_staleness_aware_rate_divides_by_the_staleness(toy):
-    server = toy["ToyParameterServer"](np.zeros(2), lr=0.6, staleness_aware=True)
-    versions = [server.pull()[1] for _ in range(4)]
-    for v in versions:
-        server.push(np.ones(2, np.float32), v)
+    """The exercise's solution, plugged into the notebook's server as its runs plug it."""
+    server = toy["ToyParameterServer"](np.zeros(2), lr=0.6, update=toy["staleness_aware_update"])
+    for worker in range(4):
+        server.pull(worker)
+    for worker in range(4):
+        server.push(worker, np.ones(2, np.float32))
     assert server.staleness == [0, 1, 2, 3]
     # rates lr / max(tau, 1): 0.6, 0.6, 0.3, 0.2
     assert np.allclose(server.weights, -(0.6 + 0.6 + 0.3 + 0.2))
+
+
+def _run_exercise(solution):
+    """The exercise as the learner runs it: a solution, then the graded test cell."""
+    namespace = {"np": np, "tf": tf, "seed": 0, "async_sgd": async_sgd}
+    exec(compile(solution, "solution", "exec"), namespace)
+    exec(compile(_graded(_notebook(), "staleness_aware_update_tests"), "tests", "exec"), namespace)
+
+
+_RULE = "def staleness_aware_update(server, worker, gradient):\n"
+WRONG_RULES = {
+    "the full rate, however stale": _RULE + "    tau = server.version - server.read_version[worker]\n"
+    "    server.weights = server.weights - server.lr * gradient\n    server.version += 1\n"
+    "    server.read_version[worker] = server.version\n    return tau\n",
+    "the staleness counted after the update": _RULE + "    server.version += 1\n"
+    "    tau = server.version - server.read_version[worker]\n"
+    "    server.weights = server.weights - server.lr / max(tau, 1) * gradient\n"
+    "    server.read_version[worker] = server.version\n    return tau\n",
+    "divided by tau + 1": _RULE + "    tau = server.version - server.read_version[worker]\n"
+    "    server.weights = server.weights - server.lr / (tau + 1) * gradient\n    server.version += 1\n"
+    "    server.read_version[worker] = server.version\n    return tau\n",
+    "the reply's version not recorded": _RULE + "    tau = server.version - server.read_version[worker]\n"
+    "    server.weights = server.weights - server.lr / max(tau, 1) * gradient\n    server.version += 1\n"
+    "    return tau\n",
+    "the version never advanced": _RULE + "    tau = server.version - server.read_version[worker]\n"
+    "    server.weights = server.weights - server.lr / max(tau, 1) * gradient\n"
+    "    server.read_version[worker] = server.version\n    return tau\n",
+}
+
+
+def test_staleness_aware_exercise_passes_the_solution_and_rejects_the_stub_and_wrong_rules():
+    notebook = _notebook()
+    _run_exercise(_graded(notebook, "staleness_aware_update_solution"))
+    released = labs.release(notebook)
+    with pytest.raises(NotImplementedError):
+        _run_exercise(_graded(released, "staleness_aware_update_solution"))
+    for name, wrong in WRONG_RULES.items():
+        with pytest.raises(AssertionError):
+            _run_exercise(wrong)
+            pytest.fail(f"the test cell accepted a rule with {name}")
+
+
+def test_simulate_async_is_deterministic_and_the_staleness_aware_rule_survives_a_rate_plain_async_does_not():
+    def plain(server, worker, gradient):
+        tau = server.version - server.read_version[worker]
+        server.weights = server.weights - server.lr * gradient
+        server.version += 1
+        server.read_version[worker] = server.version
+        return tau
+
+    runs = [async_sgd.simulate_async(async_sgd.staleness_aware_update, workers=4, updates=60, seed=3) for _ in range(2)]
+    assert runs[0]["staleness"] == runs[1]["staleness"] and np.array_equal(runs[0]["weights"], runs[1]["weights"])
+    assert runs[0]["version"] == 60 and runs[0]["staleness"][:4] == [0, 1, 2, 3]  # everyone starts from version 0
+    assert max(runs[0]["staleness"]) >= 4
+    x, y, _ = async_sgd.least_squares_problem(3, examples=256, features=5)
+    plain_run = async_sgd.simulate_async(plain, workers=4, updates=60, seed=3)
+    assert plain_run["staleness"] == runs[0]["staleness"]  # the order of events does not depend on the rule
+    start, aware, blown = async_sgd.losses_of_snapshots(
+        np.array([np.zeros(5), runs[0]["weights"], plain_run["weights"]]), x, y)
+    assert aware < start / 10 and blown > start
 
 
 def test_sync_server_applies_the_average_once_per_round(toy):
@@ -69,8 +139,8 @@ def test_sync_server_applies_the_average_once_per_round(toy):
     replies = {}
 
     def worker(i):
-        weights, version = server.pull()
-        replies[i] = server.push(np.full(2, float(i + 1), np.float32), version)
+        server.pull(i)
+        replies[i] = server.push(i, np.full(2, float(i + 1), np.float32))
 
     threads = [threading.Thread(target=worker, args=(i,)) for i in range(3)]
     for t in threads:
