@@ -1,41 +1,41 @@
-"""mgpu.compression: 2-bit packing, byte counts, the Measured wrapper, and training with per-tensor
-compressors on real Horovod workers. The 2-bit compressors are notebook 07's own, taken from its cells
-(one instance per gradient tensor with error feedback, holding its residual)."""
+"""mgpu.compression and notebook 07's exercises: the 2-bit quantiser with error feedback, its codes packed
+four to a byte and all-gathered through Horovod, the wire log, and training with per-tensor reducers on
+real Horovod workers. The notebook's own solutions are taken from its cells."""
 
 import math
 
+import nbformat
 import numpy as np
 import pytest
 
 import mgpu  # noqa: F401  (before tensorflow)
-from mgpu import compression, launch
+from mgpu import compression, course, launch
+
+
+def _notebook_cells():
+    notebook = next(p for p in course.course_notebooks() if p.name.startswith("07"))
+    return {c.metadata["nbgrader"]["grade_id"]: c.source for c in nbformat.read(notebook, as_version=4).cells
+            if "nbgrader" in c.metadata}
 
 
 # --------------------------------------------------------------------------------------------
-# Encoding and bytes
+# Codes, packing, bytes (one process)
 
 
 @pytest.mark.parametrize("size", [1, 3, 4, 5, 17, 1000])
-def test_pack_2bit_round_trips_and_takes_a_quarter_byte_per_value(size):
-    t = 0.01
-    rng = np.random.default_rng(size)
-    values = (rng.integers(-1, 2, size) * np.float32(t)).astype(np.float32)
-    payload = compression.pack_2bit(values, t)
-    assert len(payload) == math.ceil(size / 4)
-    back = compression.unpack_2bit(payload, t, values.shape)
-    assert back.dtype == np.float32 and np.array_equal(back, values)
-    grid = values[: size - size % 2].reshape(-1, 2) if size > 1 else values.reshape(1, 1)
-    assert np.array_equal(compression.unpack_2bit(compression.pack_2bit(grid, t), t, grid.shape), grid)
+def test_pack_codes_round_trips_and_takes_a_quarter_byte_per_value(size):
+    codes = np.random.default_rng(size).integers(0, 4, size).astype(np.uint8)
+    packed = compression.pack_codes(codes)
+    assert packed.dtype == np.uint8 and packed.size == math.ceil(size / 4)
+    assert np.array_equal(compression.unpack_codes(packed, size), codes)
+    assert compression.pack_codes([1, 2, 3, 0, 3]).tolist() == [1 + 2 * 4 + 3 * 16, 3]
 
 
-def test_pack_2bit_refuses_values_that_are_not_quantised_and_unpack_refuses_a_wrong_length():
-    with pytest.raises(ValueError, match="quantise first"):
-        compression.pack_2bit(np.array([0.01, 0.005], np.float32), 0.01)
-    payload = compression.pack_2bit(np.zeros(8, np.float32), 0.5)
+def test_pack_codes_refuses_a_code_above_3_and_unpack_a_wrong_length():
     with pytest.raises(ValueError):
-        compression.unpack_2bit(payload, 0.5, (9,))
-    with pytest.raises(ValueError, match="corrupt"):
-        compression.unpack_2bit(bytes([0b11]), 0.5, (1,))
+        compression.pack_codes([4])
+    with pytest.raises(ValueError):
+        compression.unpack_codes(np.zeros(2, np.uint8), 9)
 
 
 def test_wire_bytes_per_scheme():
@@ -47,84 +47,116 @@ def test_wire_bytes_per_scheme():
         compression.wire_bytes(sizes, "1bit")
 
 
+def _solutions():
+    """Notebook 07's solutions of both exercises, defined by running their cells."""
+    import tensorflow as tf
+
+    cells = _notebook_cells()
+    namespace = {"tf": tf, "np": np, "__name__": "notebook07_solutions"}
+    for grade_id in ("twobit_quantise_solution", "twobit_allreduce_solution"):
+        exec(compile(cells[grade_id], grade_id, "exec"), namespace)
+    return namespace
+
+
+@pytest.mark.parametrize("quantise", ["library", "notebook"])
+def test_twobit_quantise_matches_numpy_and_the_residual_is_what_was_lost(quantise):
+    import tensorflow as tf
+
+    fn = compression.twobit_quantise if quantise == "library" else _solutions()["twobit_quantise"]
+    rng = np.random.default_rng(1)
+    values, residual = rng.normal(size=(7, 9)).astype(np.float32), rng.normal(0, 0.1, (7, 9)).astype(np.float32)
+    codes, scale, new_residual = fn(tf.constant(values), tf.constant(residual))
+    corrected = values + residual
+    assert codes.dtype == tf.uint8 and codes.shape == (7, 9)
+    assert np.isclose(float(scale), np.mean(np.abs(corrected)), rtol=1e-6)
+    reference = compression.reference_codes(corrected, scale.numpy())
+    assert np.array_equal(codes.numpy(), reference) and set(np.unique(reference)) == {0, 1, 2, 3}
+    levels = (reference.astype(np.float32) - np.float32(1.5)) * scale.numpy()
+    assert np.array_equal(new_residual.numpy(), corrected - levels)
+    # Each value went to its nearest level: no residual exceeds half a level's spacing, bar the values beyond 2 scales.
+    inside = np.abs(corrected) <= 2 * scale.numpy()
+    assert np.all(np.abs(new_residual.numpy()[inside]) <= 0.5 * scale.numpy() + 1e-6)
+
+
 # --------------------------------------------------------------------------------------------
-# A 2-bit compressor with error feedback, as a Horovod compressor
-
-
-def _compressors():
-    """Notebook 07's 2-bit compressors, without and with error feedback, defined by running its cells."""
-    import nbformat
-    import tensorflow as tf
-
-    from mgpu import course
-
-    notebook = next(p for p in course.course_notebooks() if p.name.startswith("07"))
-    cells = nbformat.read(notebook, as_version=4).cells
-    quantise = next(c.source for c in cells if c.metadata.get("nbgrader", {}).get("grade_id") == "twobit_quantise_solution")
-    classes = next(c.source for c in cells if "class TwoBitErrorFeedback" in c.source)
-    namespace = {"tf": tf, "np": np, "compression": compression, "__name__": "notebook07_compressors"}
-    exec(compile(quantise, "twobit_quantise_solution", "exec"), namespace)
-    exec(compile(classes, "compressors", "exec"), namespace)
-    return namespace["TwoBitCompressor"], namespace["TwoBitErrorFeedback"]
-
-
-def test_measured_two_bit_error_feedback_round_trip_and_the_sent_sum_follows_the_true_sum():
-    import tensorflow as tf
-
-    two_bit, error_feedback = _compressors()
-    t = 0.1
-    shape = (3, 4)
-    rng = np.random.default_rng(0)
-    plain = compression.Measured(two_bit(t))
-    fed = compression.Measured(error_feedback(t, tf.Variable(tf.zeros(shape))))
-    true_sum, fed_sum, plain_sum = np.zeros(shape), np.zeros(shape), np.zeros(shape)
-    for step in range(300):
-        g = rng.uniform(-0.03, 0.07, size=shape).astype(np.float32)  # always below t: plain sends nothing
-        sent, ctx = fed.compress(tf.constant(g))
-        values = fed.decompress(sent, ctx).numpy()
-        assert set(np.unique(values)) <= {np.float32(-t), np.float32(0), np.float32(t)}
-        # Round trip through the 2-bit encoding is exact.
-        assert np.array_equal(compression.unpack_2bit(compression.pack_2bit(values, t), t, shape), values)
-        # The residual carried is exactly what was meant minus what was sent.
-        true_sum += g
-        fed_sum += values
-        np.testing.assert_allclose(fed.inner.residual.numpy(), true_sum - fed_sum, atol=1e-4)
-        plain_sum += plain.decompress(*plain.compress(tf.constant(g))).numpy()
-    assert np.all(np.abs(fed_sum - true_sum) <= t + 1e-4), "error feedback keeps the sent sum within t of the true one"
-    assert np.all(true_sum > 3) and np.all(plain_sum == 0), "without it, values below t are never sent"
-    assert fed.values == 12 and fed.bytes == 48, "Measured records the size handed to Horovod (float32)"
-    assert int(fed.total.numpy()) == 300 * 12 and 0 < int(fed.nonzero.numpy()) < 300 * 12
-    assert int(plain.nonzero.numpy()) == 0
-
-
-def _train(variant_names):
-    import horovod.tensorflow as hvd
-
-    two_bit, error_feedback = _compressors()
-    t = 0.01
-    factories = {
-        "none": lambda vs: [hvd.Compression.none] * len(vs),
-        "fp16": lambda vs: [hvd.Compression.fp16] * len(vs),
-        "2bit-ef": lambda vs: [error_feedback(t, v) for v in vs],
-        "2bit": lambda vs: [two_bit(t)] * len(vs),
-    }
-    return compression.train_with_compressors({k: factories[k] for k in variant_names}, train_images=1024,
-                                              val_images=500, epochs=1, batch=32, lr=0.1, seeds=(0,),
-                                              verbose=False)
+# On real Horovod workers
 
 
 @pytest.mark.slow
-def test_training_with_per_tensor_compressors_on_two_horovod_workers():
-    reports = launch.run(_train, 2, args=(["none", "fp16", "2bit-ef", "2bit"],), verbose=False).value
+def test_the_notebooks_allgather_exercise_passes_its_test_cell_on_two_workers():
+    """The notebook's test cell of exercise 2 (two steps on 2 real workers, checked against numpy) with its solution."""
+    import tensorflow as tf
+
+    namespace = _solutions()
+    namespace.update({"launch": launch, "compression": compression, "seed": 3})
+    exec(compile(_notebook_cells()["twobit_allreduce_tests"], "twobit_allreduce_tests", "exec"), namespace)
+    runs = namespace["gc_runs"]
+    assert len(runs) == 2 and all(len(r["wire"]) == 2 for r in runs)
+    assert all(e["op"] == "allgather" for r in runs for w in r["wire"] for e in w)
+    assert isinstance(namespace["gc_runs"][0]["averages"][0], np.ndarray) and tf is not None
+
+
+def _library_and_training(variant_names):
+    """On each worker: two steps of the library's twobit_allreduce (recorded), then a short training per variant."""
+    import horovod.tensorflow as hvd
+    import tensorflow as tf
+
+    hvd.init()
+    rng = np.random.default_rng([5, hvd.rank()])
+    gradients = [rng.normal(0, 1, (6, 11)).astype(np.float32) for _ in range(2)]
+    residual, steps = tf.zeros((6, 11)), []
+    for g in gradients:
+        with compression.wire_log(keep_values=True) as wire:
+            average, residual = compression.twobit_allreduce(tf.constant(g), residual)
+        steps.append({"gradient": g, "average": average.numpy(), "residual": residual.numpy(), "wire": wire})
+    steps = hvd.allgather_object(steps)
+
+    factories = {
+        "none": lambda vs: [hvd.Compression.none] * len(vs),
+        "fp16": lambda vs: [hvd.Compression.fp16] * len(vs),
+        "2bit-ef": lambda vs: [compression.ErrorFeedback(compression.twobit_allreduce, v) for v in vs],
+        "2bit": lambda vs: [compression.ErrorFeedback(compression.twobit_allreduce, v, feedback=False) for v in vs],
+    }
+    reports = compression.train_with_compressors({k: factories[k] for k in variant_names}, train_images=1024,
+                                                 val_images=500, epochs=1, batch=32, lr=0.1, seeds=(0,),
+                                                 verbose=False)
+    return steps, reports
+
+
+@pytest.mark.slow
+def test_library_allreduce_and_training_with_per_tensor_reducers_on_two_horovod_workers():
+    steps, reports = launch.run(_library_and_training, 2, args=(["none", "fp16", "2bit-ef", "2bit"],),
+                                verbose=False).value
+    # The library's 2-bit all-reduce: 17 bytes of codes and a scale on the wire, the numpy average on both workers.
+    residuals = [np.zeros((6, 11), np.float32)] * 2
+    for step in range(2):
+        levels = []
+        for rank in range(2):
+            s = steps[rank][step]
+            wire = {e["dtype"]: e for e in s["wire"]}
+            assert [e["bytes"] for e in s["wire"]] == [17, 4] and set(wire) == {"uint8", "float32"}
+            corrected = s["gradient"] + residuals[rank]
+            scale = np.float32(wire["float32"]["value"][0])
+            codes = compression.reference_codes(corrected, scale)
+            assert np.array_equal(wire["uint8"]["value"], compression.pack_codes(codes))
+            levels.append((codes.astype(np.float32) - np.float32(1.5)) * scale)
+            residuals[rank] = corrected - levels[-1]
+            assert np.array_equal(s["residual"], residuals[rank])
+        for rank in range(2):
+            assert np.array_equal(steps[rank][step]["average"], np.mean(levels, axis=0))
+
     by = {r["variant"]: r for r in reports}
     assert set(by) == {"none", "fp16", "2bit-ef", "2bit"}
+    sizes = [784 * 128, 128, 128 * 10, 10]
     for r in reports:
         assert r["workers"] == 2 and r["steps"] == 1024 // 64
         assert r["weight_spread_across_ranks"] == 0.0, f"{r['variant']}: the ranks' weights differ"
-        assert r["values_per_step"] == sum(r["tensor_sizes"]) == 784 * 128 + 128 + 128 * 10 + 10
-    assert by["fp16"]["allreduce_bytes_per_step"] * 2 == by["none"]["allreduce_bytes_per_step"]
-    assert by["2bit"]["allreduce_bytes_per_step"] == by["none"]["allreduce_bytes_per_step"], \
-        "quantised values still travel as float32"
-    # Error feedback sends more of the values than the plain quantiser, which drops everything below t.
-    assert by["2bit-ef"]["nonzero_fraction"] > by["2bit"]["nonzero_fraction"]
+        assert r["tensor_sizes"] == sizes
+    # The bytes handed to Horovod, from one trace of the step: float32, half of it, and 2-bit codes plus scales.
+    assert by["none"]["wire_bytes_per_step"] == 4 * sum(sizes)
+    assert {e["op"] for e in by["none"]["wire"]} == {"allreduce"}
+    assert by["fp16"]["wire_bytes_per_step"] == 2 * sum(sizes)
+    for name in ("2bit-ef", "2bit"):
+        assert by[name]["wire_bytes_per_step"] == compression.wire_bytes(sizes, "2bit") + 4 * len(sizes)
+        assert {e["op"] for e in by[name]["wire"]} == {"allgather"}
     assert by["none"]["val_accuracy"] > 0.2, "16 steps of SGD should leave chance (0.1) behind"
