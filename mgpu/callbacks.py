@@ -181,16 +181,19 @@ class CosineDecay(tf.keras.callbacks.Callback):
 
 
 class WallClockCSVLogger(tf.keras.callbacks.Callback):
-    """One CSV row per epoch: ``epoch``, ``wall_time`` (s since training began), then the logs.
+    """One CSV row per epoch: ``epoch``, ``epochs_done``, ``wall_time`` (s since training began), then the logs.
 
-    Rows are flushed as they are written, so a run that is stopped keeps what it logged.
-    With ``enabled=False`` (Horovod ranks other than 0) nothing is written.
+    ``epochs_done`` is ``(epoch + 1) / parts_per_epoch``: the passes over the data done, where each of
+    Keras' epochs is a part of one (a run validated several times per pass). Rows are flushed as they
+    are written, so a run that is stopped keeps what it logged. With ``enabled=False`` (Horovod ranks
+    other than 0) nothing is written.
     """
 
-    def __init__(self, path: str | os.PathLike, enabled: bool = True):
+    def __init__(self, path: str | os.PathLike, enabled: bool = True, parts_per_epoch: int = 1):
         super().__init__()
         self.path = Path(path)
         self.enabled = enabled
+        self.parts_per_epoch = parts_per_epoch
         self._file = None
         self._writer = None
         self._columns: list[str] | None = None
@@ -207,10 +210,11 @@ class WallClockCSVLogger(tf.keras.callbacks.Callback):
             return
         logs = {k: float(v) for k, v in (logs or {}).items() if k != "wall_time"}
         if self._columns is None:
-            self._columns = ["epoch", "wall_time", *sorted(logs)]
+            self._columns = ["epoch", "epochs_done", "wall_time", *sorted(logs)]
             self._writer = csv.DictWriter(self._file, fieldnames=self._columns, extrasaction="ignore")
             self._writer.writeheader()
-        self._writer.writerow({"epoch": epoch, "wall_time": time.perf_counter() - self._start, **logs})
+        self._writer.writerow({"epoch": epoch, "epochs_done": (epoch + 1) / self.parts_per_epoch,
+                               "wall_time": time.perf_counter() - self._start, **logs})
         self._file.flush()
 
     def on_train_end(self, logs=None):

@@ -740,7 +740,7 @@ def accuracy_vs_time(logs: dict, target: float | None = None, diverged=(), name:
     for i, (label, path) in enumerate(logs.items()):
         rows = read_log(path)
         seconds = [r["wall_time"] for r in rows]
-        epochs = [r["epoch"] + 1 for r in rows]
+        epochs = [r.get("epochs_done", r["epoch"] + 1) for r in rows]
         accuracy = [r["val_accuracy"] for r in rows]
         # The first run (the reference) is drawn thicker; after matplotlib's ten colours, dashes.
         style = dict(color=f"C{i}", lw=2.2 if i == 0 else 1.4, ls="-" if i < 10 else "--",

@@ -93,6 +93,9 @@ class Settings:
     record_steps: int = 100         # steps whose learning rate and loss are kept for the warm-up plot
     cosine_decay: bool = False      # after any warm-up, the rate falls to zero along a half cosine
     init_seed: int | None = None    # the initial weights and shuffles (default: seed)
+    # Validations per epoch: how finely the time to a target accuracy is resolved (the rate schedules,
+    # the divergence check and the number of steps do not change with it).
+    evaluations_per_epoch: int = 1
 
 
 @dataclass
@@ -109,6 +112,7 @@ class RecipeRun:
     log_path: str | None = None
     device_overruns: int = 0                          # steps whose math outran the modelled device
     device_steps: int = 0                             # steps timed on it
+    evaluations_per_epoch: int = 1                    # val_accuracy and wall_times have this many per epoch
 
     @property
     def final_val_accuracy(self) -> float:
@@ -149,6 +153,13 @@ def train_recipes(recipes, settings: Settings, log_dir: str, log_prefix: str = "
     x_val = dataset.x_test[:val_images][rank::size]
     y_val = dataset.y_test[:val_images][rank::size]
     steps_per_epoch = settings.train_images // (settings.batch * size)
+    # Keras validates at the end of its "epochs": with k evaluations per epoch, each Keras epoch is a
+    # k-th of a pass over the data, and every schedule below is given in those units.
+    k = settings.evaluations_per_epoch
+    if k < 1 or steps_per_epoch % k:
+        raise ValueError(f"evaluations_per_epoch={k} must be at least 1 and divide the {steps_per_epoch} steps "
+                         f"of an epoch on {size} worker(s)")
+    steps_per_part = steps_per_epoch // k
     chance = 1.0 / dataset.num_classes
 
     init_seed = settings.seed if settings.init_seed is None else settings.init_seed
@@ -169,7 +180,7 @@ def train_recipes(recipes, settings: Settings, log_dir: str, log_prefix: str = "
                  .shuffle(len(x), seed=init_seed + rank).repeat().batch(settings.batch)
                  .prefetch(tf.data.AUTOTUNE))
         log_path = Path(log_dir) / f"{log_prefix}{recipe.name}.csv"
-        stop = _StopWhenDiverged(chance)
+        stop = _StopWhenDiverged(chance, k)
         rates = _RecordLearningRate()
         steps = _RecordFirstSteps(settings.record_steps)
         # Launched with a device profile, each step takes the modelled device's time (mgpu.accelerator).
@@ -177,33 +188,33 @@ def train_recipes(recipes, settings: Settings, log_dir: str, log_prefix: str = "
         fit_callbacks = [device, hvd.callbacks.BroadcastGlobalVariablesCallback(0),
                          hvd.callbacks.MetricAverageCallback()]
         if recipe.schedule is not None:
-            fit_callbacks.append(_FollowSchedule(recipe.schedule, steps_per_epoch))
+            fit_callbacks.append(_FollowSchedule(recipe.schedule, steps_per_part, k))
         elif recipe.warmup_epochs > 0:
             # Starts at lr / size (the single-worker rate) and reaches lr after warmup_epochs. Both
             # Horovod callbacks rescale SGD's velocity as the rate changes (momentum correction, Goyal
             # et al. 2017, section 2.1); our LARS keeps its velocity where Horovod does not look for
             # it, so it goes without (LAMB has no momentum).
             fit_callbacks.append(hvd.callbacks.LearningRateWarmupCallback(
-                initial_lr=lr, warmup_epochs=recipe.warmup_epochs, momentum_correction=recipe.optimizer == "sgd",
-                steps_per_epoch=steps_per_epoch, verbose=0))
+                initial_lr=lr, warmup_epochs=recipe.warmup_epochs * k, momentum_correction=recipe.optimizer == "sgd",
+                steps_per_epoch=steps_per_part, verbose=0))
         if recipe.schedule is None and settings.cosine_decay and settings.epochs > recipe.warmup_epochs:
             # Then down to zero along a half cosine (Loshchilov & Hutter 2017), batch by batch, so
             # every recipe ends where its run settled rather than where its last large step landed.
             fit_callbacks.append(hvd.callbacks.LearningRateScheduleCallback(
-                initial_lr=lr, multiplier=_cosine(recipe.warmup_epochs, settings.epochs),
-                start_epoch=recipe.warmup_epochs, end_epoch=settings.epochs, staircase=False,
-                momentum_correction=recipe.optimizer == "sgd", steps_per_epoch=steps_per_epoch))
-        fit_callbacks += [rates, steps, stop, callbacks.WallClockCSVLogger(log_path, enabled=rank == 0)]
+                initial_lr=lr, multiplier=_cosine(recipe.warmup_epochs * k, settings.epochs * k),
+                start_epoch=recipe.warmup_epochs * k, end_epoch=settings.epochs * k, staircase=False,
+                momentum_correction=recipe.optimizer == "sgd", steps_per_epoch=steps_per_part))
+        fit_callbacks += [rates, steps, stop, callbacks.WallClockCSVLogger(log_path, enabled=rank == 0, parts_per_epoch=k)]
         started = time.perf_counter()
-        history = model.fit(train, epochs=settings.epochs, steps_per_epoch=steps_per_epoch,
+        history = model.fit(train, epochs=settings.epochs * k, steps_per_epoch=steps_per_part,
                             validation_data=(x_val, y_val), callbacks=fit_callbacks, verbose=0)
         if verbose and rank == 0:
             acc = history.history["val_accuracy"]
-            print(f"  {recipe.name:<24} lr {recipe.learning_rate(size):<8.4g} final val acc {acc[-1]:.3f} after {len(acc)} epochs"
+            print(f"  {recipe.name:<24} lr {recipe.learning_rate(size):<8.4g} final val acc {acc[-1]:.3f} after {len(acc) / k:g} epochs"
                   f"{' (diverged)' if stop.diverged else ''}, {time.perf_counter() - started:.0f} s", flush=True)
         runs.append(RecipeRun(recipe, [float(v) for v in history.history["val_accuracy"]],
                               [float(v) for v in history.history["loss"]], [], rates.values,
-                              steps.values, stop.diverged, str(log_path), device.overruns, device.steps))
+                              steps.values, stop.diverged, str(log_path), device.overruns, device.steps, k))
     if rank == 0:
         for run in runs:
             run.wall_times = [row["wall_time"] for row in read_log(run.log_path)]
@@ -235,24 +246,27 @@ def divergence_sweep(recipe: Recipe, settings: Settings, seeds, log_dir: str, ep
         outcomes.append({"seed": int(seed), "diverged": run.diverged, "val_accuracy": run.final_val_accuracy})
         if hvd.rank() == 0:
             print(f"  seed {seed:>3}: {'diverged' if run.diverged else 'trained'} "
-                  f"(val acc {run.final_val_accuracy:.3f} after {len(run.val_accuracy)} epoch(s))", flush=True)
+                  f"(val acc {run.final_val_accuracy:.3f} after {len(run.val_accuracy) / run.evaluations_per_epoch:g} epoch(s))",
+                  flush=True)
     return outcomes
 
 
 class _FollowSchedule(tf.keras.callbacks.Callback):
-    """Sets the rate before every step to ``schedule(epoch + step / steps_per_epoch)``."""
+    """Sets the rate before every step to ``schedule(epoch)``, ``epoch`` the fraction of passes over
+    the data done so far; Keras' epochs are ``parts`` to a pass (one per validation)."""
 
-    def __init__(self, schedule: Callable[[float], float], steps_per_epoch: int):
+    def __init__(self, schedule: Callable[[float], float], steps_per_part: int, parts: int = 1):
         super().__init__()
-        self.schedule, self.steps_per_epoch, self.epoch = schedule, steps_per_epoch, 0
+        self.schedule, self.steps_per_part, self.parts, self.part = schedule, steps_per_part, parts, 0
 
     def on_epoch_begin(self, epoch, logs=None):
-        self.epoch = epoch
+        self.part = epoch
 
     def on_train_batch_begin(self, batch, logs=None):
-        rate = float(self.schedule(self.epoch + batch / self.steps_per_epoch))
+        epoch = (self.part + batch / self.steps_per_part) / self.parts
+        rate = float(self.schedule(epoch))
         if not math.isfinite(rate) or rate < 0:
-            raise ValueError(f"the schedule gave the rate {rate} at epoch {self.epoch + batch / self.steps_per_epoch:.3f}: "
+            raise ValueError(f"the schedule gave the rate {rate} at epoch {epoch:.3f}: "
                              "a rate must be a finite number >= 0")
         tf.keras.backend.set_value(self.model.optimizer.learning_rate, rate)
 
@@ -268,15 +282,17 @@ class _StopWhenDiverged(tf.keras.callbacks.Callback):
     same numbers and stops together.
     """
 
-    def __init__(self, chance: float):
+    def __init__(self, chance: float, parts: int = 1):
         super().__init__()
-        self.chance = chance
+        self.chance, self.parts = chance, parts
         self.uniform_loss = math.log(1.0 / chance)
         self.diverged = False
 
     def on_epoch_end(self, epoch, logs=None):
         logs = logs or {}
         loss = logs.get("loss", math.nan)
+        if math.isfinite(loss) and (epoch + 1) % self.parts:
+            return  # judged at the end of whole epochs (Keras' epochs are parts of one), unless not finite
         at_chance = logs.get("val_accuracy", 1.0) <= self.chance + 0.02 and loss >= self.uniform_loss
         if not math.isfinite(loss) or at_chance:
             self.diverged = True
@@ -342,18 +358,18 @@ _ROUNDING = 1e-6
 
 
 def time_to_target(run: RecipeRun, target: float) -> float | None:
-    """Seconds from the start of training to the first epoch with ``val_accuracy >= target``."""
+    """Seconds from the start of training to the first validation with ``val_accuracy >= target``."""
     for accuracy, seconds in zip(run.val_accuracy, run.wall_times):
         if accuracy >= target - _ROUNDING:
             return float(seconds)
     return None
 
 
-def epochs_to_target(run: RecipeRun, target: float) -> int | None:
-    """The number of epochs until ``val_accuracy >= target`` (None if never)."""
-    for epoch, accuracy in enumerate(run.val_accuracy, start=1):
+def epochs_to_target(run: RecipeRun, target: float) -> float | None:
+    """The epochs (in steps of 1 / ``evaluations_per_epoch``) until ``val_accuracy >= target`` (None if never)."""
+    for part, accuracy in enumerate(run.val_accuracy, start=1):
         if accuracy >= target - _ROUNDING:
-            return epoch
+            return part / run.evaluations_per_epoch
     return None
 
 

@@ -118,6 +118,38 @@ def test_recipes_on_two_workers_warm_up_stop_divergence_and_log_on_rank0(tmp_pat
     assert warm.wall_times == sorted(warm.wall_times) and len(warm.wall_times) == 3
 
 
+def _validated_once_and_twice_per_epoch(log_dir):
+    recipe_set = [Recipe("warm", 2, 0.05, "linear", warmup_epochs=1, momentum=0.9),
+                  Recipe("mine", 2, 0.04, "none", momentum=0.9, schedule=_rising)]
+    settings = dataclasses.replace(_TINY, cosine_decay=True)
+    once = recipes.train_recipes(recipe_set, settings, log_dir, log_prefix="once-", verbose=False)
+    twice = recipes.train_recipes(recipe_set, dataclasses.replace(settings, evaluations_per_epoch=2), log_dir,
+                                  log_prefix="twice-", verbose=False)
+    return once, twice
+
+
+@pytest.mark.slow
+def test_validating_twice_per_epoch_times_the_target_finer_and_changes_nothing_else(tmp_path):
+    once, twice = launch.run(_validated_once_and_twice_per_epoch, 2, args=(str(tmp_path),), verbose=False).value
+    for a, b in zip(once, twice):
+        # The same steps at the same rates (warm-up, cosine, a schedule), so the same weights in the end.
+        assert b.first_steps["lr"] == pytest.approx(a.first_steps["lr"], rel=1e-6)
+        # (the recorded loss is Keras' running mean, which restarts with each of its epochs: a half here)
+        half = _TINY.train_images // (_TINY.batch * 2) // 2
+        assert b.first_steps["loss"][:half] == pytest.approx(a.first_steps["loss"][:half], rel=1e-5)
+        assert b.final_val_accuracy == a.final_val_accuracy
+        assert len(b.val_accuracy) == 2 * len(a.val_accuracy) == 2 * _TINY.epochs
+        assert b.val_accuracy[1::2] == pytest.approx(a.val_accuracy)
+        # Epochs to a target count in halves; the log says how many passes each row ends.
+        assert recipes.epochs_to_target(b, b.val_accuracy[0]) == 0.5
+        rows = recipes.read_log(b.log_path)
+        assert [r["epochs_done"] for r in rows] == [0.5 * (i + 1) for i in range(2 * _TINY.epochs)]
+    # A number of validations that does not divide the epoch's steps (32 on 2 workers) is refused.
+    result = launch.run(recipes.train_recipes, 2, args=([Recipe("r", 2, 0.1)], dataclasses.replace(_TINY, evaluations_per_epoch=3),
+                        str(tmp_path)), verbose=False, check=False)
+    assert not result.ok and "evaluations_per_epoch=3 must be at least 1 and divide the 32 steps" in result.failure_reason()
+
+
 def _decay_and_sweep(log_dir):
     cosine = recipes.train_recipes([Recipe("cosine", 2, 0.05, "linear", warmup_epochs=1)],
                                    dataclasses.replace(_TINY, cosine_decay=True), log_dir, verbose=False)[0]
