@@ -1,7 +1,8 @@
-"""The static certificate-checking page (autograder/verify_page.py) in headless Chromium: the
-verdicts and reasons of certificates.verify (valid, tampered, revoked, other key, unreadable) from
-a #cert= link and from the page's file inputs, the PDF's embedded record, the canonical bytes and
-SHA-512 against Python's, Ed25519 against OpenSSL's; and the `page` command.
+"""The static certificate-checking page (autograder/verify_page.py and verify_page.js) in headless
+Chromium: the verdicts and reasons of certificates.verify (valid, tampered, revoked, other key,
+unreadable) from a #cert= link and from the page's file inputs, the PDF's embedded record, the
+canonical bytes against Python's, the browser's Ed25519 (WebCrypto) against OpenSSL's, no verdict
+where the browser has no Ed25519; and the `page` command.
 
 The browser tests need Chromium (Debian: `apt-get install chromium`; .ci/run installs it); without
 one they are skipped. Every browser is started in a session of its own with its own HOME and
@@ -11,7 +12,6 @@ process of theirs is left.
 
 import base64
 import fcntl
-import hashlib
 import html
 import json
 import os
@@ -147,6 +147,10 @@ class _Dom:
         self.reason = self._text("reason")
         self.elapsed_ms = self._text("elapsed-ms")
         self.debug = self._text("debug-output")
+        self.support_line = self._text("browser-support")
+        support = re.search(r'<p [^>]*id="browser-support"[^>]*>', text)
+        attribute = re.search(r'data-support="([^"]*)"', support.group(0)) if support else None
+        self.support = attribute.group(1) if attribute else None
         table = re.search(r'<table id="fields"( hidden="")?>(.*?)</table>', text, re.S)
         rows = re.findall(r'<th scope="row">(.*?)</th><td>(.*?)</td>', table.group(2), re.S)
         self.fields = None if table.group(1) else {html.unescape(k): html.unescape(v) for k, v in rows}
@@ -215,10 +219,16 @@ class _DevTools:
                     raise RuntimeError(f"{method}: {reply['error']}")
                 return reply["result"]
 
-    def open(self, url: str) -> str:
-        """A new tab on ``url``, loaded; its session id."""
-        target = self.call("Target.createTarget", {"url": url})["targetId"]
+    def open(self, url: str, before: str | None = None) -> str:
+        """A new tab on ``url``, loaded; its session id. ``before``: a script run in the page before
+        the page's own (Page.addScriptToEvaluateOnNewDocument), e.g. to take a browser feature away."""
+        target = self.call("Target.createTarget", {"url": "about:blank" if before else url})["targetId"]
         session = self.call("Target.attachToTarget", {"targetId": target, "flatten": True})["sessionId"]
+        if before:
+            self.call("Page.enable", {}, session)
+            self.call("Page.addScriptToEvaluateOnNewDocument", {"source": before}, session)
+            self.call("Page.navigate", {"url": url}, session)
+            self.wait(session, f"location.href === {json.dumps(url)}")
         self.wait(session, "document.readyState === 'complete' && !!window.mgpuCertificates")
         return session
 
@@ -275,10 +285,10 @@ def _verify_in_page(browser: _DevTools, session: str, items: list[tuple[str, byt
     payload = json.dumps([[name, base64.b64encode(data).decode()] for name, data in items])
     return browser.evaluate(session, f"""(() => {{
         const api = window.mgpuCertificates;
-        return {payload}.map(([name, data]) => {{
-            const result = api.verifyBytes(api.b64decode(data), name);
+        return Promise.all({payload}.map(async ([name, data]) => {{
+            const result = await api.verifyBytes(api.b64decode(data), name);
             return [result.verdict, result.reason];
-        }});
+        }}));
     }})()""")
 
 
@@ -318,6 +328,8 @@ def test_a_genuine_certificate_is_valid_with_its_signed_fields_shown(course, bro
     assert dom.fields == {name: str(value) for name, value in expected.certificate.items()}
     assert dom.fields["name"] == "Ada Lovelace" and dom.fields["accuracy"] == "0.8731"
     assert float(dom.elapsed_ms) > 0
+    # The one line naming the browsers the page needs; this one passed the page's Ed25519 self-test.
+    assert dom.support == "yes" and "Chrome or Edge 137+, Firefox 129+ or Safari 17+" in dom.support_line
 
 
 @needs_chromium
@@ -405,6 +417,58 @@ def test_a_non_canonical_s_and_a_bad_r_encoding_are_rejected(course, browser_roo
         assert _python(course, json.loads(data)).reason == CHANGED, label
         dom = _open(browser_root, course["page"], "cert=" + _b64url(data))
         assert dom.verdict == "tampered" and dom.reason == CHANGED, label
+
+
+# ------------------------------------------------------------- a browser without Ed25519
+
+#: Scripts run before the page's own, each taking Ed25519 away as a browser may lack it.
+_WITHOUT_ED25519 = {
+    # No WebCrypto at all (a page served over plain http:// from another host gets no crypto.subtle).
+    "no crypto.subtle": 'Object.defineProperty(Crypto.prototype, "subtle", {get() { return undefined; }});',
+    # WebCrypto without Ed25519 (Chromium before 137, Firefox before 129): importKey refuses the name.
+    "importKey refuses Ed25519": """
+        const importKey = SubtleCrypto.prototype.importKey;
+        SubtleCrypto.prototype.importKey = function (format, data, algorithm, ...rest) {
+            if (String(algorithm.name || algorithm).toLowerCase() === "ed25519") {
+                return Promise.reject(new DOMException("Unrecognized name.", "NotSupportedError"));
+            }
+            return importKey.call(this, format, data, algorithm, ...rest);
+        };""",
+    # A broken Ed25519 that accepts every signature: the page's self-test must catch it, not say "valid".
+    "verify says yes to everything": "SubtleCrypto.prototype.verify = async function () { return true; };",
+}
+
+
+@needs_chromium
+@pytest.mark.parametrize("lack", list(_WITHOUT_ED25519))
+def test_a_browser_without_ed25519_gets_no_verdict_and_one_line_saying_why(course, devtools, lack):
+    """Genuine or tampered, the signature cannot be judged: no verdict, and the one line that says so
+    (also in place of the line naming the browsers). What needs no signature is still found."""
+    text = course["genuine"].json.read_text(encoding="utf-8")
+    cases = {"genuine": (text.encode(), None), "tampered": (text.replace('"workers": 4', '"workers": 8').encode(), None),
+             "garbage": (b"\xff not a certificate", "unreadable"),
+             "other key": (course["other"].json.read_bytes(), "other-key")}
+    message = None
+    for label, (data, verdict) in cases.items():
+        session = devtools.open(f"{course['page'].as_uri()}#cert={_b64url(data)}", before=_WITHOUT_ED25519[lack])
+        devtools.wait(session, "document.getElementById('verdict-word').textContent !== 'No certificate chosen yet' "
+                               "&& document.getElementById('browser-support').dataset.support !== undefined")
+        shown = devtools.evaluate(session, """({verdict: document.getElementById("verdict").dataset.verdict ?? null,
+            word: document.getElementById("verdict-word").textContent,
+            reason: document.getElementById("reason").textContent,
+            fieldsShown: !document.getElementById("fields").hidden,
+            support: document.getElementById("browser-support").dataset.support,
+            supportLine: document.getElementById("browser-support").textContent,
+            message: window.mgpuCertificates.NO_ED25519})""")
+        message = shown["message"]
+        assert shown["support"] == "no" and shown["supportLine"] == message, (label, shown)
+        if verdict is None:
+            assert shown["verdict"] is None and shown["word"] == "No verdict" and shown["reason"] == message \
+                and not shown["fieldsShown"], (label, shown)
+        else:
+            assert shown["verdict"] == verdict, (label, shown)
+    assert message.startswith("This browser cannot check the signature: its WebCrypto does not verify Ed25519.")
+    assert "\n" not in message and "Chrome or Edge 137+, Firefox 129+ or Safari 17+" in message
 
 
 # -------------------------------------------------------------------- the page's file inputs
@@ -571,7 +635,7 @@ def test_damaged_and_odd_certificates_get_pythons_verdict_and_reason(course, dev
     assert verdicts == {"valid", "tampered", "revoked", "other-key", "unreadable"}
 
 
-# -------------------------------------------------------------- canonical bytes, SHA-512, Ed25519
+# ------------------------------------------------------------------ canonical bytes, Ed25519
 
 def _awkward_certificates() -> list[dict]:
     """Certificates whose canonical bytes are easy to get wrong (signed as they are, bypassing complete)."""
@@ -589,8 +653,8 @@ def _awkward_certificates() -> list[dict]:
 
 @needs_chromium
 def test_the_canonical_bytes_are_pythons(course, browser_root, devtools):
-    """#canonical= writes the SHA-512 of the page's canonical bytes; they must be the bytes Python
-    signs, whatever the floats, quotes, control characters or non-ASCII text; and each of these
+    """#canonical= writes the page's canonical bytes in hex; they must be the bytes Python signs,
+    whatever the floats, quotes, control characters or non-ASCII text; and each of these
     certificates, signed, is valid in the page."""
     key = certificates.key_id(course["public"])
     signed = [{"format": certificates.FORMAT, "certificate": c, "key_id": key} for c in _awkward_certificates()]
@@ -600,7 +664,7 @@ def test_the_canonical_bytes_are_pythons(course, browser_root, devtools):
     texts.append(json.dumps(signed[3], ensure_ascii=True).encode())                  # \ud83c\udf93 escapes
     texts.append(b'{"b": 1.50, "a": 1E2, "c": 0.30000000000000004e0, "d": -0.0}')   # literals Python rewrites
     dom = _open(browser_root, course["page"], "canonical=" + ",".join(map(_b64url, texts)))
-    expected = [hashlib.sha512(certificates._canonical(json.loads(text))).hexdigest() for text in texts]
+    expected = [certificates._canonical(json.loads(text)).hex() for text in texts]
     assert dom.debug.split("\n") == expected
     assert certificates._canonical(signed[0]) == certificates._signed_bytes(signed[0]["certificate"], key)
 
@@ -635,16 +699,9 @@ def test_floats_are_written_as_pythons_repr_and_format(course, devtools):
 
 
 @needs_chromium
-def test_sha512_in_the_page_is_hashlibs(course, browser_root):
-    rng = random.Random(5)
-    inputs = [b"", b"abc", b"\x00", *(rng.randbytes(n) for n in (111, 112, 127, 128, 129, 239, 240, 256, 1000))]
-    dom = _open(browser_root, course["page"], "sha512=" + ",".join(map(_b64url, inputs)))
-    assert dom.debug.split("\n") == [hashlib.sha512(data).hexdigest() for data in inputs]
-
-
-@needs_chromium
 def test_ed25519_in_the_page_agrees_with_openssl(course, devtools):
-    """Random keys and messages signed by cryptography (OpenSSL); the page accepts exactly those."""
+    """Random keys and messages signed by cryptography (OpenSSL); the page (the browser's WebCrypto)
+    accepts exactly those."""
     rng = random.Random(11)
     cases = []
     for n in (0, 1, 31, 32, 64, 111, 128, 300, 2000):
@@ -659,7 +716,8 @@ def test_ed25519_in_the_page_agrees_with_openssl(course, devtools):
     payload = json.dumps([[k.hex(), m.hex(), s.hex()] for k, m, s, _ in cases])
     got = devtools.evaluate(session, f"""(() => {{
         const api = window.mgpuCertificates;
-        return {payload}.map(([k, m, s]) => api.ed25519Verify(api.hexToBytes(k), api.hexToBytes(m), api.hexToBytes(s)));
+        return Promise.all({payload}.map(([k, m, s]) =>
+            api.ed25519Verify(api.hexToBytes(k), api.hexToBytes(m), api.hexToBytes(s))));
     }})()""")
     assert got == [expected for *_, expected in cases]
 
