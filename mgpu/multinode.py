@@ -8,7 +8,7 @@ start a job across machines, checked without running them.
   own argument parser and matches ``-np`` against the slots, so a typo fails here, not on the cluster.
 - :func:`slurm_script` writes a Slurm batch script that runs the same job inside an allocation
   through ``horovodrun`` (which needs ssh between the nodes); :func:`check_shell` checks its syntax
-  with ``bash -n``. :mod:`mgpu.slurm_horovod` runs a job under Slurm without ssh and without MPI.
+  with ``bash -n``, and :func:`script_command` expands its ``horovodrun`` line in a stand-in allocation. :mod:`mgpu.slurm_horovod` runs a job under Slurm without ssh and without MPI.
 - :func:`check_local_hosts` lets :func:`mgpu.launch.run` spread workers over several names of this
   machine (``localhost``, ``127.0.0.1``, given as ``-H`` or a host file): Horovod counts each name as a
   machine of its own, which gives a real two-node job on one computer.
@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import shlex
 import socket
 import subprocess
 import sys
@@ -27,7 +28,7 @@ from typing import Mapping, Sequence
 
 #: The environment a multi-machine job usually needs, and why (values are examples to adapt).
 NETWORK_VARIABLES = {
-    "HOROVOD_GLOO_IFACE": "the network interface Gloo's workers talk over (`--network-interface eth0` sets it)",
+    "HOROVOD_GLOO_IFACE": "the network interface Gloo's workers talk over (`--network-interface eth0` sets it, and the next)",
     "NCCL_SOCKET_IFNAME": "the interface NCCL uses between machines, e.g. eth0 or ib0 (not docker0 or lo)",
     "NCCL_IB_DISABLE": "1 forces TCP sockets where InfiniBand is absent or broken",
     "NCCL_DEBUG": "INFO prints which transport NCCL chose (IB, sockets, NVLink) for each pair of GPUs",
@@ -154,6 +155,25 @@ def slurm_script(nodes: int, tasks_per_node: int, command: Sequence[str], *, gpu
         'hosts=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | sed "s/$/:$SLURM_NTASKS_PER_NODE/" | paste -sd, -)\n'
         f'horovodrun -np "$SLURM_NTASKS" -H "$hosts" --gloo {program}\n'
     )
+
+
+def script_command(script: str, *, nodes: Sequence[str], environ: Mapping[str, str],
+                   program: str = "horovodrun") -> list[str]:
+    """The command a batch script's ``program`` line would start, as bash expands it inside an
+    allocation of ``nodes`` with the Slurm variables ``environ``: the script runs in bash up to that
+    line (``scontrol show hostnames`` answers with ``nodes``), and the line prints its words instead of
+    running. Nothing is started; pass the result to :func:`dry_run`."""
+    lines = script.splitlines()
+    starts = [i for i, line in enumerate(lines) if line.split()[:1] == [program]]
+    if len(starts) != 1:
+        raise ValueError(f"the script has {len(starts)} lines that run {program}, not one")
+    lines[starts[0]] = "printf '%s\\0' " + lines[starts[0]]
+    stand_in = "scontrol() { printf '%s\\n' " + " ".join(shlex.quote(n) for n in nodes) + "; }\n"
+    done = subprocess.run(["bash", "-c", stand_in + "\n".join(lines[:starts[0] + 1])], capture_output=True, text=True,
+                          timeout=30, env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **environ})
+    if done.returncode != 0:
+        raise ValueError(f"the script failed before its {program} line: {done.stderr.strip()[-300:]}")
+    return done.stdout.split("\0")[:-1]
 
 
 def check_shell(script: str) -> None:

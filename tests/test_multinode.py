@@ -65,6 +65,18 @@ def test_the_slurm_script_is_valid_bash_and_asks_for_what_it_runs():
         multinode.check_shell(script.replace("$(scontrol", "$((scontrol"))
 
 
+def test_the_slurm_scripts_horovodrun_line_expands_to_the_allocations_command():
+    script = multinode.slurm_script(2, 4, ["python", "train.py"], gpus_per_node=4)
+    argv = multinode.script_command(script, nodes=["node01", "node02"], environ={
+        "SLURM_JOB_NODELIST": "node[01-02]", "SLURM_NTASKS": "8", "SLURM_NTASKS_PER_NODE": "4"})
+    assert argv == ["horovodrun", "-np", "8", "-H", "node01:4,node02:4", "--gloo", "python", "train.py"]
+    assert multinode.dry_run(argv).num_proc == 8
+    with pytest.raises(ValueError, match="failed before"):  # set -u: a variable the allocation did not set
+        multinode.script_command(script, nodes=["node01"], environ={"SLURM_JOB_NODELIST": "node01"})
+    with pytest.raises(ValueError, match="0 lines"):
+        multinode.script_command("#!/bin/bash\necho hi\n", nodes=["a"], environ={})
+
+
 def test_the_launcher_takes_only_this_machines_names():
     multinode.check_local_hosts("localhost:2,127.0.0.1:2", 4)
     with pytest.raises(ValueError, match="not this machine"):
