@@ -306,8 +306,8 @@ def course(tmp_path_factory):
     revoked = certificates.issue(_fields(name="Mallory", student_id="s666"), private, folder / "issued")
     other = certificates.issue(_fields(), certificates.load_private_key(other_private), folder / "other")
     revoked_id = revoked.json.stem
-    # A reason with markup in it: the page must show it as text and keep working.
-    listed = {revoked_id: "shared account </script><b>&amp;</b>", "f" * 32: "another certificate"}
+    # A reason with markup and a placeholder of the page's template in it: shown as text, the page still working.
+    listed = {revoked_id: "shared account </script><b>&amp;</b> @@SCRIPT@@", "f" * 32: "another certificate"}
     page = verify_page.write_page(folder / "verify.html", public, listed)
     return {"folder": folder, "private": private, "public": public, "public_path": public_path, "page": page,
             "genuine": genuine, "revoked": revoked, "other": other, "listed": listed}
@@ -362,7 +362,7 @@ def test_a_certificate_on_the_embedded_revocation_list_is_revoked_with_the_reaso
     dom = _open(browser_root, course["page"], "cert=" + _b64url(course["revoked"].json.read_bytes()))
     expected = _python(course, course["revoked"].json)
     assert dom.verdict == "revoked" and dom.reason == expected.reason
-    assert dom.reason.startswith("revoked: shared account </script><b>&amp;</b> (the signature is valid")
+    assert dom.reason.startswith("revoked: shared account </script><b>&amp;</b> @@SCRIPT@@ (the signature is valid")
     assert dom.fields["name"] == "Mallory"                       # genuine, so its fields are shown
 
 
@@ -815,6 +815,19 @@ def test_the_page_command_names_the_fix_for_bad_input(tmp_path):
         lines = done.stderr.strip().splitlines()
         assert done.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], \
             (args, done.stderr)
+
+
+def test_the_script_is_package_data_inlined_into_the_page(course):
+    """verify_page.js ships with the package (pyproject's package-data) and is the page's one script,
+    pinned by the page's Content-Security-Policy; the page loads nothing beside it."""
+    import tomllib
+
+    setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    assert verify_page.SCRIPT_FILE in setuptools["package-data"]["autograder"]
+    script = (ROOT / "autograder" / verify_page.SCRIPT_FILE).read_text(encoding="utf-8")
+    page = course["page"].read_text(encoding="utf-8")
+    assert f"<script>{script}</script>" in page and html.escape(verify_page._csp_hash(script)) in page
+    assert " src=" not in page and "sha512" not in script.lower() and "crypto.subtle" in script
 
 
 def test_write_page_refuses_a_revocation_list_with_a_bad_id(course, tmp_path):
