@@ -460,16 +460,14 @@ def scaling_study(arrays: Arrays, batch_sizes, base_batch: int, base_lr: float, 
     The learning rate is ``lr_rule(base_lr, base_batch, B, rule)`` (notebook 02's exercise 2 passes
     the learner's; :func:`scaled_lr` by default); a warm-up starts from
     ``1 / k`` of it (``k = B / base_batch``, i.e. from the base rate) and lasts ``warmup_epochs``.
-    All variants start from the same weights and see the same minibatches; with ``replicas > 1``
-    each variant is also trained from that many independent starts and the accuracies averaged.
+    All variants start from the same weights and see the same minibatches, and variants with the same
+    schedule (all of them at ``k = 1``) are trained once, so they report the same accuracy; with
+    ``replicas > 1`` each variant is also trained from that many independent starts and the
+    accuracies averaged.
     Returns ``{"linear/gradual": {B: accuracy, ...}, ...}`` (accuracy on ``x_test``).
     """
     n = len(arrays.x_train)
-    v = len(variants)
     classes = int(arrays.y_train.max()) + 1
-    starts = [multimodel.init_params(v, arrays.n_features, hidden, classes, seed * 1000 + 7 + r)
-              for r in range(replicas)]
-    start = tuple(tf.concat([s[k] for s in starts], axis=0) for k in range(4))
     out = {f"{rule}/{warm}": {} for rule, warm in variants}
     for b in batch_sizes:
         steps = max(1, int(round(epochs * n / b)))
@@ -479,10 +477,18 @@ def scaling_study(arrays: Arrays, batch_sizes, base_batch: int, base_lr: float, 
         for rule, warm in variants:
             lr = (lr_rule or scaled_lr)(base_lr, base_batch, b, rule)
             first = min(1.0, base_lr / lr)
-            columns.append(lr * warmup_factors(steps, warm_steps, warm, first))
-        table = np.tile(np.stack(columns, axis=1), (1, replicas))
+            columns.append(np.asarray(lr * warmup_factors(steps, warm_steps, warm, first), np.float32))
+        # Variants whose schedules coincide (all of them at k = 1) are trained once and share the result:
+        # a model's place in the batched arithmetic changes its round-off, which training would amplify.
+        schedules, which = np.unique(np.stack(columns, axis=1), axis=1, return_inverse=True)
+        which = np.asarray(which).reshape(-1)
+        u = schedules.shape[1]
+        starts = [multimodel.init_params(u, arrays.n_features, hidden, classes, seed * 1000 + 7 + r)
+                  for r in range(replicas)]
+        start = tuple(tf.concat([s[i] for s in starts], axis=0) for i in range(4))
+        table = np.tile(schedules, (1, replicas))
         params = train_fixed_epochs(arrays, b, table, momentum, epochs, seed, hidden=hidden, params=start)
-        acc = multimodel.accuracies(params, arrays.x_test, arrays.y_test).reshape(replicas, v).mean(axis=0)
+        acc = multimodel.accuracies(params, arrays.x_test, arrays.y_test).reshape(replicas, u).mean(axis=0)[which]
         for (rule, warm), a in zip(variants, acc):
             out[f"{rule}/{warm}"][int(b)] = float(a)
         if progress:

@@ -126,3 +126,13 @@ def test_momentum_lags_plain_sgd_by_its_warm_up_of_the_velocity(seed):
                                             seed=seed, hidden=16).steps[0]
     lag = run(0.01, 0.9) - run(0.1, 0.0)
     assert 0 < lag < 9 + 3
+
+
+def test_scaling_study_gives_every_rule_the_same_accuracy_at_k_1():
+    # At k = 1 every rule and warm-up gives the base rate: the variants are one run and report one accuracy.
+    arrays = _toy_arrays()
+    out = bs.scaling_study(arrays, [32, 128], base_batch=32, base_lr=0.05, momentum=0.9, epochs=1,
+                           warmup_epochs=0.5, seed=0, hidden=8, replicas=2, progress=False)
+    at_base = {variant: acc[32] for variant, acc in out.items()}
+    assert len(set(at_base.values())) == 1, at_base
+    assert len({acc[128] for acc in out.values()}) > 1  # at k = 4 the rules differ
