@@ -72,8 +72,15 @@ class Profile:
         """``env`` plus the variable that hands this profile to every worker of a launch."""
         return {**(env or {}), PROFILE_VARIABLE: json.dumps(asdict(self))}
 
-    def line(self) -> str:
-        """The one visible line a notebook prints wherever it times workers on this profile."""
+    def line(self, math_runs: bool = True) -> str:
+        """The one visible line a notebook prints wherever it times workers on this profile.
+
+        ``math_runs=False`` for a device whose step is the wait alone, without the model's math
+        (notebook 03, where the lesson is the input pipeline that feeds it)."""
+        if not math_runs:
+            return (f"Timed on the simulated accelerator '{self.name}': each training step takes "
+                    f"{self.train_s_per_example * 1e3:.2f} ms per image, a wait that holds no core, without the "
+                    f"model's math; the input pipeline runs for real on the CPU. {self.basis}").strip()
         return (f"Timed on the simulated accelerator '{self.name}': each worker's math runs for real on the CPU, "
                 f"and each training step takes {self.train_s_per_example * 1e3:.2f} ms per image "
                 f"(the rest of a step is a wait that holds no core); all-reduce, data and launch are real. "

@@ -16,14 +16,20 @@ before it:
 9. ``mixed_precision``: float16 compute on a GPU (skipped on a CPU, which has no fast float16).
 
 ``host_threads`` (every function that builds a pipeline takes it) gives the ``tf.data`` stages a
-private pool of that many threads (:func:`on_host`), apart from the threads that train the model.
-On a CPU-only machine notebook 03 gives the model ("the accelerator") its own slice of the cores
-and the pipeline the rest, as a GPU and its host would have; ``None`` leaves ``tf.data`` on
-TensorFlow's shared threads.
+private pool of that many threads (:func:`on_host`); ``None`` leaves ``tf.data`` on TensorFlow's
+shared threads.
+
+Without a GPU, notebook 03 times the stages against the course's simulated accelerator
+(:mod:`mgpu.accelerator`): a modelled device whose training step is a wait that holds no core
+(:func:`device_step`), so every core is the host's, as beside a GPU. :func:`calibrate_device` sets
+its speed between the naive loader's and the tuned pipeline's, timed side by side on the machine
+at hand. With a GPU, the GPU's real training step is timed instead.
 """
 
 from __future__ import annotations
 
+import math
+import time
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
@@ -31,6 +37,7 @@ import numpy as np
 import tensorflow as tf
 from PIL import Image
 
+from mgpu.accelerator import Profile
 from mgpu.alexnet import MEAN, STD
 
 AUTOTUNE = tf.data.AUTOTUNE
@@ -220,6 +227,112 @@ def fill_cache(stage: str, folder, batch_size: int, image_size: int, seed: int =
     return lambda: batches(stage, folder, batch_size, image_size, seed, host_threads)
 
 
+# ---- the modelled device -----------------------------------------------------------------------
+
+class DeviceStep:
+    """A training step on the modelled device ``profile``: it takes the profile's time for a batch of
+    ``batch_size`` from the moment it is called (once its batch has arrived), a wait that holds no core
+    and runs none of the model's math. Its arguments (the batch) are ignored.
+
+    A device's step takes exactly its time; a sleeping program is woken a little late, more so on a
+    busy machine. :meth:`clock` is ``time.perf_counter`` without that lateness (:attr:`late`, summed
+    over the steps): time the steps with it, and the device takes exactly its time.
+    """
+
+    def __init__(self, profile: Profile, batch_size: int):
+        self.seconds = profile.train_step_s(batch_size)
+        self.late = 0.0
+
+    def __call__(self, *batch) -> None:
+        deadline = time.perf_counter() + self.seconds
+        while (left := deadline - time.perf_counter()) > 0:  # sleep can wake early: wait out the rest
+            time.sleep(left)
+        self.late += time.perf_counter() - deadline
+
+    def clock(self) -> float:
+        return time.perf_counter() - self.late
+
+
+def device_step(profile: Profile, batch_size: int) -> DeviceStep:
+    """The modelled device's training step for batches of ``batch_size`` (:class:`DeviceStep`)."""
+    return DeviceStep(profile, batch_size)
+
+
+#: Batches drawn, untimed, before a prefetching pipeline is timed: more than its buffer holds (tf.data's
+#: AUTOTUNE keeps a few batches ready), so the timing sees the pipeline's pace, not a buffer filled while
+#: nothing was drawn.
+DRAIN = 10
+
+
+@dataclass
+class DeviceCalibration:
+    """The modelled device of notebook 03 and the two rates that set it."""
+
+    profile: Profile
+    naive_rate: float    # images/s the naive loader delivers alone
+    tuned_rate: float    # images/s the tuned pipeline delivers alone, timed in rounds interleaved with the naive one's
+    tuned: str           # the stage timed as the tuned pipeline
+
+    @property
+    def rate(self) -> float:
+        """Images/s the device trains at."""
+        return 1 / self.profile.train_s_per_example
+
+    @property
+    def factor(self) -> float:
+        """How many times faster than the naive loader, and slower than the tuned pipeline, the device is."""
+        return self.rate / self.naive_rate
+
+
+def device_between(naive_rate: float, tuned_rate: float, tuned: str = "uint8_transfer",
+                   cores: int | None = None) -> Profile:
+    """The modelled device at the geometric mean of two rates alone (images/s): as many times faster than
+    the naive loader as it is slower than the tuned pipeline."""
+    if not 0 < naive_rate < tuned_rate:
+        raise ValueError(f"the tuned pipeline ({tuned_rate:,.0f} images/s) must be faster than the naive loader "
+                         f"({naive_rate:,.0f}/s)")
+    rate = math.sqrt(naive_rate * tuned_rate)
+    factor = rate / naive_rate
+    where = f" on this machine's {cores} cores" if cores else " on this machine"
+    return Profile(
+        name="sim-fed-device", train_s_per_example=1 / rate, eval_s_per_example=1 / (3 * rate),
+        basis=(f"Its speed, {rate:,.0f} images/s, is the geometric mean of what the naive loader ({naive_rate:,.0f}/s) "
+               f"and the tuned pipeline ({tuned}, {tuned_rate:,.0f}/s) deliver alone, timed side by side{where} just "
+               f"now: {factor:.1f}x faster than the one and {factor:.1f}x slower than the other, so the naive loader "
+               f"cannot feed it and the tuned pipeline can."))
+
+
+def calibrate_device(folder, *, batch_size: int, image_size: int, seed: int = 0, host_threads: int | None = None,
+                     repeats: int = 5, steps_per_round: int = 3, tuned: str = "uint8_transfer",
+                     cores: int | None = None, attempts: int = 3) -> DeviceCalibration:
+    """A modelled device that the naive loader cannot feed and the tuned pipeline can, on this machine.
+
+    The naive loader and the tuned pipeline (``tuned``, by default every idea of :data:`STAGES` a CPU
+    can use) are timed alone, one after the other, as :func:`measure_stages` times them (not
+    interleaved: between its rounds a prefetching pipeline would fill its buffer); the device trains at
+    the geometric mean of their rates (:func:`device_between`). If the tuned
+    pipeline does not come out faster (a machine too busy to time anything), it is timed again, up to
+    ``attempts`` times.
+    """
+    from mgpu.measure import measure_rate
+
+    for attempt in range(attempts):
+        naive = batches("naive", folder, batch_size, image_size, seed)
+        naive_rate = measure_rate(lambda: next(naive), batch_size, warmup=2, repeats=repeats,
+                                  calls_per_round=steps_per_round).median
+        ready = fill_cache(tuned, folder, batch_size, image_size, seed, host_threads)()
+        tuned_rate = measure_rate(lambda: next(ready), batch_size, warmup=DRAIN, repeats=repeats,
+                                  calls_per_round=2 * steps_per_round).median
+        del ready  # its cache: memory the stages will need
+        if tuned_rate > naive_rate:
+            break
+    else:
+        raise RuntimeError(f"the tuned pipeline ({tuned_rate:,.0f} images/s) was not faster than the naive loader "
+                           f"({naive_rate:,.0f}/s) in {attempts} attempts: the machine is too busy to time them; "
+                           "close other programs and run the cell again")
+    return DeviceCalibration(device_between(naive_rate, tuned_rate, tuned, cores), naive_rate, tuned_rate, tuned)
+
+
 # ---- measuring the stages ----------------------------------------------------------------------
 
 #: Training at this fraction of the ceiling or more counts as fed (the model, not the input, limits it).
@@ -229,6 +342,12 @@ JUST_FED = 1.2
 #: A pipeline alone at least this multiple of the model's ceiling has a clear margin: it is not what holds
 #: training back, even when training falls short of the ceiling.
 MARGIN = 1.5
+#: No pipeline can make training faster than the ceiling: a stage measured above this multiple of the ceiling
+#: beside it was timed while the machine was busy, and is not a candidate for the best stage.
+SANE = 1.15
+#: Stages whose training is within this fraction of the fastest sound stage's are tied: the best stage is the
+#: first of them, so that a later stage measured a little faster is not presented as a gain.
+TIED = 0.05
 
 
 @dataclass
@@ -236,11 +355,12 @@ class StageResult:
     stage: Stage
     pipeline_rate: float | None  # images/s the pipeline alone delivers (no training)
     train_rate: float | None     # images/s of training fed by the pipeline
-    ceiling_rate: float | None   # images/s of the model this stage feeds, on data already on the device, same rounds
+    ceiling_rate: float | None   # images/s of the device this stage feeds, on data already on it, same rounds
     # images/s of the lab's float32 model on data already on the device, timed in the same rounds; None when
     # the stage feeds that model (then it is ceiling_rate). Stages that change the model (uint8 input,
-    # mixed precision) have their own ceiling; this one puts every stage on the same scale.
+    # mixed precision) on a GPU have their own ceiling; this one puts every stage on the same scale.
     reference_rate: float | None = None
+    modelled: bool = False       # the device is the simulated accelerator (a wait that holds no core)
 
     @property
     def fraction_of_ceiling(self) -> float | None:
@@ -257,6 +377,16 @@ class StageResult:
         return self.train_rate / (self.reference_rate if self.reference_rate is not None else self.ceiling_rate)
 
     @property
+    def predicted_fraction(self) -> float | None:
+        """The fraction of the ceiling the two rates predict: without prefetching a step takes preparing
+        *plus* training; with it, the longer of the two."""
+        if self.train_rate is None:
+            return None
+        if self.stage.overlaps:
+            return min(1.0, self.pipeline_rate / self.ceiling_rate)
+        return self.pipeline_rate / (self.pipeline_rate + self.ceiling_rate)
+
+    @property
     def waiting_share(self) -> float | None:
         """Share of each step spent waiting for the batch, if preparing it does not overlap training."""
         if self.train_rate is None or self.stage.overlaps:
@@ -270,15 +400,23 @@ class StageResult:
         A prefetching stage that trains at ``FED`` of the ceiling or more is compute-bound. Below that,
         it is input-bound only if its pipeline alone has no margin over the model (less than ``MARGIN``
         x the ceiling); a pipeline that alone delivers well above what the model needs is not short of
-        speed, and what is missing comes from the two sharing the machine ("shared machine").
+        speed, and what is missing comes from the two sharing the machine ("shared machine"). On the
+        modelled device nothing is shared (its step holds no core): short of ``FED`` is input-bound.
         """
         if self.train_rate is None:
             return "not run"
         if self.stage.overlaps:  # what training reached says it; the pipeline alone is timed apart
             if self.fraction_of_ceiling >= FED:
                 return "compute"
+            if self.modelled:
+                return "input pipeline"
             return "input pipeline" if self.pipeline_rate < MARGIN * self.ceiling_rate else "shared machine"
         return "input pipeline" if self.waiting_share > 0.1 else "compute"
+
+
+def sound(results: list[StageResult]) -> list[StageResult]:
+    """The trained stages whose measurement is possible: at most ``SANE`` x the ceiling beside them."""
+    return [r for r in results if r.train_rate is not None and r.fraction_of_ceiling <= SANE]
 
 
 def best_stage(results: list[StageResult]) -> StageResult:
@@ -288,18 +426,50 @@ def best_stage(results: list[StageResult]) -> StageResult:
     second. Comparing each stage's fraction of *its own* model's ceiling would favour a stage that slows the
     model down (a lower ceiling is easier to reach); raw images/s would favour a stage measured while the
     machine happened to be faster. The fraction of the float32 model's ceiling, timed in the same rounds,
-    is neither.
+    is neither. A stage measured above ``SANE`` x its ceiling is left out (the machine was busy), and of the
+    stages within ``TIED`` of the fastest the first is chosen: a later one is no gain over it.
     """
-    trained = [r for r in results if r.train_rate is not None]
-    if not trained:
-        raise ValueError("no stage was trained")
-    return max(trained, key=lambda r: r.fraction_of_reference)
+    candidates = sound(results)
+    if not candidates:
+        raise ValueError("no stage was trained with a sound measurement")
+    top = max(r.fraction_of_reference for r in candidates)
+    return next(r for r in candidates if r.fraction_of_reference >= (1 - TIED) * top)
+
+
+def first_fed(results: list[StageResult]) -> StageResult | None:
+    """The first stage whose training reached ``FED`` of the ceiling in a sound measurement, or None."""
+    return next((r for r in sound(results) if r.fraction_of_reference >= FED), None)
+
+
+def _describe_on_device(r: StageResult) -> str:
+    """The sentence of a stage timed on the modelled device: the two rates, the prediction, the measurement."""
+    p, d = r.pipeline_rate, r.ceiling_rate
+    measured = f"measured {r.fraction_of_ceiling:.2f}x"
+    if not r.stage.overlaps:
+        return (f"{r.stage.name}: waits for every batch. A step takes preparing the batch ({1e3 / p:.1f} ms per image "
+                f"alone) plus the device's step ({1e3 / d:.1f} ms), which predicts {r.predicted_fraction:.2f}x the "
+                f"device's rate; {measured}.")
+    if r.fraction_of_ceiling >= FED:
+        verdict = "fed"
+    elif p < d:
+        verdict = "starved: its pipeline is slower than the device"
+    else:
+        verdict = ("short of the device although its pipeline alone, timed apart, was faster: on a busy machine "
+                   "a pipeline's speed varies from moment to moment")
+    return (f"{r.stage.name}: {verdict}. The next batches are prepared during the device's step, so a step takes the "
+            f"longer of the two (pipeline alone {p:,.0f} images/s, device {d:,.0f}/s), which predicts "
+            f"{r.predicted_fraction:.2f}x the device's rate; {measured}.")
 
 
 def describe_bottleneck(r: StageResult, on_gpu: bool = False) -> str:
     """One sentence, from the measurements, on what limits training at this stage and why."""
     if r.train_rate is None:
         return f"{r.stage.name}: not run here (it needs a GPU)."
+    if r.fraction_of_ceiling > SANE:
+        return (f"{r.stage.name}: measured {r.fraction_of_ceiling:.2f}x the ceiling beside it, which no pipeline can "
+                f"reach: the machine was busy while it was timed, so this stage is left out of the comparison.")
+    if r.modelled:
+        return _describe_on_device(r)
     measured = f"training reaches {r.fraction_of_ceiling:.2f}x the ceiling"
     own_model = ""
     if r.reference_rate is not None:
@@ -337,16 +507,45 @@ def describe_bottleneck(r: StageResult, on_gpu: bool = False) -> str:
 
 def measure_stages(folder, *, batch_size: int, image_size: int, width: float, repeats: int = 5,
                    steps_per_round: int = 3, seed: int = 0, have_gpu: bool = False,
-                   host_threads: int | None = None, progress: bool = True) -> list[StageResult]:
-    """Time every stage: the pipeline alone, and training AlexNet fed by it beside the ceiling.
+                   host_threads: int | None = None, device: Profile | None = None,
+                   prepared: dict | None = None, progress: bool = True) -> list[StageResult]:
+    """Time every stage: the pipeline alone, and training fed by it beside the ceiling.
 
-    The ceiling (the same model's training step on a batch already on the device) is re-measured
-    in rounds interleaved with each stage's, so the ratio stays fair on a machine whose speed drifts.
+    ``device``: a modelled device (:func:`calibrate_device`); each step is its wait
+    (:func:`device_step`, timed on its clock), the ceiling is its rate, and the rounds are not
+    interleaved (a prefetching pipeline would fill its buffer during the other rounds). Without one, the step is AlexNet's
+    real training step (on a GPU, where there is one) and the ceiling the same step on a batch already
+    on the device. The ceiling is re-measured in rounds interleaved with each stage's, so the ratio
+    stays fair on a machine whose speed drifts. ``prepared``: stages already filled, by name (a
+    function giving an iterator, as :func:`fill_cache` returns), reused instead of filled again.
     """
     from tqdm.auto import tqdm
 
-    from mgpu import alexnet
     from mgpu.measure import measure_rate, measure_side_by_side
+
+    prepared = dict(prepared or {})
+    results = []
+    if device is not None:
+        for stage in tqdm(STAGES, desc="pipeline stages", disable=not progress):
+            if stage.needs_gpu:
+                results.append(StageResult(stage, None, None, None, modelled=True))
+                continue
+            fresh = prepared.pop(stage.name, None) or fill_cache(stage.name, folder, batch_size, image_size, seed,
+                                                                 host_threads)
+            # Not interleaved with anything: between rounds a prefetching pipeline would fill its buffer.
+            # A stage that waits for every batch has no buffer to drain, and fewer of its slow batches do.
+            drain, calls = (DRAIN, 2 * steps_per_round) if stage.overlaps else (2, steps_per_round)
+            alone = fresh()
+            pipeline_rate = measure_rate(lambda: next(alone), batch_size, warmup=drain, repeats=repeats,
+                                         calls_per_round=calls).median
+            feeding, wait = fresh(), device_step(device, batch_size)
+            train_rate = measure_rate(lambda: wait(*next(feeding)), batch_size, warmup=drain, repeats=repeats,
+                                      calls_per_round=calls, clock=wait.clock).median
+            results.append(StageResult(stage, pipeline_rate, train_rate, 1 / device.train_s_per_example,
+                                       modelled=True))
+        return results
+
+    from mgpu import alexnet
 
     float_model = alexnet.alexnet(image_size, width=width, seed=seed)
     uint8_model = alexnet.alexnet(image_size, width=width, uint8_input=True, seed=seed)
@@ -357,7 +556,6 @@ def measure_stages(folder, *, batch_size: int, image_size: int, width: float, re
                                tf.uint8)}
     on_device_labels = tf.zeros((batch_size,), tf.int32)
 
-    results = []
     for stage in tqdm(STAGES, desc="pipeline stages", disable=not progress):
         if stage.needs_gpu and not have_gpu:
             results.append(StageResult(stage, None, None, None))
@@ -374,7 +572,8 @@ def measure_stages(folder, *, batch_size: int, image_size: int, width: float, re
         # changes the model also times the float32 model's ceiling in the same rounds (the common scale).
         ceiling_batch = on_device[stage.uint8]
         changes_model = stage.uint8 or stage.needs_gpu
-        fresh = fill_cache(stage.name, folder, batch_size, image_size, seed, host_threads)
+        fresh = prepared.pop(stage.name, None) or fill_cache(stage.name, folder, batch_size, image_size, seed,
+                                                             host_threads)
         alone = fresh()
         pipeline_rate = measure_rate(lambda: next(alone), batch_size, warmup=2, repeats=repeats,
                                      calls_per_round=steps_per_round * 2).median
@@ -392,21 +591,28 @@ def measure_stages(folder, *, batch_size: int, image_size: int, width: float, re
 def stages_table(results: list[StageResult], batch_size: int):
     """The stages side by side (a :class:`mgpu.tables.Table`): images/s of the pipeline alone, of
     training fed by it and of the ceiling beside it; training as a fraction of that ceiling (the model the
-    stage feeds) and of the float32 model's ceiling (the same scale for every stage); ms per batch."""
+    stage feeds), the fraction the two rates predict, and, where a stage changed the model, of the float32
+    model's ceiling (the same scale for every stage); ms per batch."""
     from mgpu.tables import Table
 
+    two_models = any(r.reference_rate is not None for r in results)
+    ceiling = "device /s" if any(r.modelled for r in results) else "ceiling /s"
     rows = []
     for r in results:
         if r.train_rate is None:
             rows.append({"stage": r.stage.name, "pipeline alone /s": "(needs a GPU)"})
             continue
-        rows.append({"stage": r.stage.name, "pipeline alone /s": r.pipeline_rate, "training /s": r.train_rate,
-                     "ceiling /s": r.ceiling_rate, "of its ceiling": r.fraction_of_ceiling,
-                     "of float32 ceiling": r.fraction_of_reference,
-                     "ms/batch in": 1e3 * batch_size / r.pipeline_rate,
-                     "ms/batch train": 1e3 * batch_size / r.train_rate})
-    return Table(rows, formats={"pipeline alone /s": ",.0f", "training /s": ",.0f", "ceiling /s": ",.0f",
-                                "of its ceiling": ".2f", "of float32 ceiling": ".2f", "ms/batch in": ".1f", "ms/batch train": ".1f"})
+        row = {"stage": r.stage.name, "pipeline alone /s": r.pipeline_rate, "training /s": r.train_rate,
+               ceiling: r.ceiling_rate, "of its ceiling": r.fraction_of_ceiling, "predicted": r.predicted_fraction}
+        if two_models:
+            row["of float32 ceiling"] = r.fraction_of_reference
+        row.update({"ms/batch in": 1e3 * batch_size / r.pipeline_rate,
+                    "ms/batch train": 1e3 * batch_size / r.train_rate})
+        rows.append(row)
+    formats = {"pipeline alone /s": ",.0f", "training /s": ",.0f", ceiling: ",.0f", "of its ceiling": ".2f",
+               "predicted": ".2f", "of float32 ceiling": ".2f", "ms/batch in": ".1f", "ms/batch train": ".1f"}
+    table = Table(rows)
+    return Table(rows, formats={k: v for k, v in formats.items() if k in table.columns})
 
 
 def profile_training(step, iterator, logdir, steps: int = 5) -> list:

@@ -2,13 +2,15 @@
 
 import io
 import json
+import math
+import time
 
 import numpy as np
 import pytest
 import tensorflow as tf
 from PIL import Image
 
-from mgpu import data, imagefolder, pipeline
+from mgpu import accelerator, data, imagefolder, pipeline
 
 
 @pytest.fixture(scope="module")
@@ -137,7 +139,7 @@ def test_the_best_stage_is_chosen_on_the_same_ceiling_for_every_stage():
     names = {s.name: s for s in pipeline.STAGES}
     results = [
         pipeline.StageResult(names["naive"], 300.0, 200.0, 440.0),
-        pipeline.StageResult(names["prefetch"], 450.0, 420.0, 440.0),
+        pipeline.StageResult(names["prefetch"], 450.0, 380.0, 440.0),
         pipeline.StageResult(names["cache"], 852.0, 430.0, 445.0),
         pipeline.StageResult(names["batched_augment"], 800.0, 425.0, 440.0),
         pipeline.StageResult(names["uint8_transfer"], 900.0, 271.0, 275.0, reference_rate=442.0),
@@ -174,3 +176,94 @@ def test_stages_before_prefetch_do_not_work_ahead_and_host_threads_give_a_privat
     assert images.shape == (8, 48, 48, 3)
     with pytest.raises(ValueError, match="host_threads"):
         pipeline.on_host(tf.data.Dataset.range(3), 0)
+
+
+def test_the_best_stage_leaves_out_impossible_measurements_and_later_stages_that_are_no_gain():
+    names = {s.name: s for s in pipeline.STAGES}
+    results = [
+        pipeline.StageResult(names["naive"], 100.0, 30.0, 100.0, modelled=True),
+        pipeline.StageResult(names["prefetch"], 80.0, 78.0, 100.0, modelled=True),
+        pipeline.StageResult(names["cache"], 300.0, 97.0, 100.0, modelled=True),
+        # Above the sanity limit: a busy machine during the measurement, not a pipeline faster than the device.
+        pipeline.StageResult(names["batched_augment"], 400.0, 130.0, 100.0, modelled=True),
+        # A little faster than cache, but within the tie: no gain over the earlier stage.
+        pipeline.StageResult(names["uint8_transfer"], 500.0, 99.0, 100.0, modelled=True),
+    ]
+    assert [r.stage.name for r in pipeline.sound(results)] == ["naive", "prefetch", "cache", "uint8_transfer"]
+    assert pipeline.best_stage(results).stage.name == "cache"
+    assert pipeline.first_fed(results).stage.name == "cache"
+    assert "left out" in pipeline.describe_bottleneck(results[3])
+    # A clearly faster later stage does win; nothing sound and fed: no first fed stage.
+    results[4] = pipeline.StageResult(names["uint8_transfer"], 500.0, 100.0, 100.0, modelled=True)
+    results[2] = pipeline.StageResult(names["cache"], 300.0, 90.0, 100.0, modelled=True)
+    assert pipeline.best_stage(results).stage.name == "uint8_transfer"
+    assert pipeline.first_fed(results[:2]) is None
+    with pytest.raises(ValueError, match="sound"):
+        pipeline.best_stage([results[3]])
+
+
+def test_on_the_modelled_device_each_sentence_gives_the_prediction_of_the_two_rates():
+    names = {s.name: s for s in pipeline.STAGES}
+    serial = pipeline.StageResult(names["naive"], 100.0, 48.0, 300.0, modelled=True)
+    assert serial.predicted_fraction == pytest.approx(0.25)  # 10 ms + 3.3 ms per image
+    text = pipeline.describe_bottleneck(serial)
+    assert text.startswith("naive: waits for every batch") and "predicts 0.25x" in text and "measured 0.16x" in text
+    starved = pipeline.StageResult(names["prefetch"], 150.0, 140.0, 300.0, modelled=True)
+    assert starved.predicted_fraction == pytest.approx(0.5) and starved.bottleneck == "input pipeline"
+    assert "starved: its pipeline is slower than the device" in pipeline.describe_bottleneck(starved)
+    fed = pipeline.StageResult(names["cache"], 900.0, 295.0, 300.0, modelled=True)
+    assert fed.predicted_fraction == 1.0 and pipeline.describe_bottleneck(fed).startswith("cache: fed.")
+    # Short although the pipeline alone was faster: on the device nothing is shared, so not "shared machine".
+    short = pipeline.StageResult(names["cache"], 900.0, 200.0, 300.0, modelled=True)
+    assert short.bottleneck == "input pipeline" and "varies" in pipeline.describe_bottleneck(short)
+    table = pipeline.stages_table([serial, fed, pipeline.StageResult(names["mixed_precision"], None, None, None)], 32)
+    assert "device /s" in table.columns and "of float32 ceiling" not in table.columns
+    assert table.rows[0]["predicted"] == pytest.approx(0.25)
+
+
+def test_the_device_step_takes_its_time_and_holds_no_core():
+    profile = accelerator.Profile("d", 0.004, 0.001)  # 4 ms per image: 40 ms for a batch of 10
+    step = pipeline.device_step(profile, 10)
+    wall, cpu = time.perf_counter(), time.process_time()
+    for _ in range(3):
+        step("any", "batch")
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    assert 0.12 <= wall < 0.3 and cpu < 0.05
+    # On its clock the device takes exactly its time: the program's late wake-ups are not counted.
+    assert step.late >= 0 and wall - step.late == pytest.approx(0.12, abs=0.005)
+    before = step.clock()
+    step()
+    assert step.clock() - before == pytest.approx(0.04, abs=0.003)
+    line = profile.line(math_runs=False)
+    assert "4.00 ms per image" in line and "without the model's math" in line and "math runs for real" not in line
+    assert profile.line().startswith("Timed on the simulated accelerator 'd': each worker's math runs for real")
+
+
+def test_the_device_sits_between_the_naive_loader_and_the_tuned_pipeline():
+    profile = pipeline.device_between(100.0, 900.0, "uint8_transfer", cores=2)
+    assert 1 / profile.train_s_per_example == pytest.approx(300.0)  # 3x faster than the one, 3x slower than the other
+    assert "geometric mean" in profile.basis and "uint8_transfer, 900/s" in profile.basis and "3.0x" in profile.basis
+    assert "2 cores" in profile.basis
+    with pytest.raises(ValueError, match="must be faster"):
+        pipeline.device_between(900.0, 100.0)
+
+
+def test_calibrated_stages_are_timed_against_the_device_and_never_above_it(small_dataset, cache):
+    folder = imagefolder.build_image_folder(small_dataset, n_images=40, short_side=96, shards=4, verbose=False)
+    try:
+        device = pipeline.calibrate_device(folder, batch_size=8, image_size=64, repeats=3, steps_per_round=2)
+    except RuntimeError as error:  # tiny JPEGs decode fast: on a busy machine the two can come out level
+        assert "too busy" in str(error)
+        device = None
+    if device is not None:
+        assert device.naive_rate < device.rate < device.tuned_rate
+        assert device.factor == pytest.approx(device.tuned_rate / device.rate)
+    # A device of 40 ms for a batch of 8.
+    slow = accelerator.Profile("slow", 0.005, 0.001)
+    results = pipeline.measure_stages(folder, batch_size=8, image_size=64, width=0.1, repeats=3, steps_per_round=3,
+                                      device=slow, progress=False)
+    timed = [r for r in results if r.train_rate is not None]
+    assert len(timed) == len(pipeline.STAGES) - 1 and all(r.modelled for r in results)
+    for r in timed:  # the device's rate is the ceiling, and on its clock no stage can train faster
+        assert r.ceiling_rate == pytest.approx(200)
+        assert r.fraction_of_ceiling <= 1.001
