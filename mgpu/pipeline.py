@@ -22,8 +22,7 @@ shared threads.
 Without a GPU, notebook 03 times the stages against the course's simulated accelerator
 (:mod:`mgpu.accelerator`): a modelled device whose training step is a wait that holds no core
 (:func:`device_step`), so every core is the host's, as beside a GPU. :func:`calibrate_device` sets
-its speed between the naive loader's and the tuned pipeline's, timed side by side on the machine
-at hand. With a GPU, the GPU's real training step is timed instead.
+its speed between the naive loader's and the tuned pipeline's, timed alone on the machine at hand. With a GPU, the GPU's real training step is timed instead.
 """
 
 from __future__ import annotations
@@ -297,8 +296,8 @@ def device_between(naive_rate: float, tuned_rate: float, tuned: str = "uint8_tra
     return Profile(
         name="sim-fed-device", train_s_per_example=1 / rate, eval_s_per_example=1 / (3 * rate),
         basis=(f"Its speed, {rate:,.0f} images/s, is the geometric mean of what the naive loader ({naive_rate:,.0f}/s) "
-               f"and the tuned pipeline ({tuned}, {tuned_rate:,.0f}/s) deliver alone, timed side by side{where} just "
-               f"now: {factor:.1f}x faster than the one and {factor:.1f}x slower than the other, so the naive loader "
+               f"and the tuned pipeline ({tuned}, {tuned_rate:,.0f}/s) deliver alone, timed one after the other{where} "
+               f"just now: {factor:.1f}x faster than the one and {factor:.1f}x slower than the other, so the naive loader "
                f"cannot feed it and the tuned pipeline can."))
 
 
@@ -447,7 +446,7 @@ def _describe_on_device(r: StageResult) -> str:
     measured = f"measured {r.fraction_of_ceiling:.2f}x"
     if not r.stage.overlaps:
         return (f"{r.stage.name}: waits for every batch. A step takes preparing the batch ({1e3 / p:.1f} ms per image "
-                f"alone) plus the device's step ({1e3 / d:.1f} ms), which predicts {r.predicted_fraction:.2f}x the "
+                f"alone) plus the device's step ({1e3 / d:.1f} ms per image), which predicts {r.predicted_fraction:.2f}x the "
                 f"device's rate; {measured}.")
     if r.fraction_of_ceiling >= FED:
         verdict = "fed"
@@ -512,8 +511,9 @@ def measure_stages(folder, *, batch_size: int, image_size: int, width: float, re
     """Time every stage: the pipeline alone, and training fed by it beside the ceiling.
 
     ``device``: a modelled device (:func:`calibrate_device`); each step is its wait
-    (:func:`device_step`, timed on its clock), the ceiling is its rate, and the rounds are not
-    interleaved (a prefetching pipeline would fill its buffer during the other rounds). Without one, the step is AlexNet's
+    (:func:`device_step`, timed on its clock) and the ceiling is its rate; a prefetching stage's rounds are
+    not interleaved with others (it would fill its buffer during them), the other stages' rounds alone
+    and training are. Without one, the step is AlexNet's
     real training step (on a GPU, where there is one) and the ceiling the same step on a batch already
     on the device. The ceiling is re-measured in rounds interleaved with each stage's, so the ratio
     stays fair on a machine whose speed drifts. ``prepared``: stages already filled, by name (a
@@ -533,14 +533,23 @@ def measure_stages(folder, *, batch_size: int, image_size: int, width: float, re
             fresh = prepared.pop(stage.name, None) or fill_cache(stage.name, folder, batch_size, image_size, seed,
                                                                  host_threads)
             # Not interleaved with anything: between rounds a prefetching pipeline would fill its buffer.
-            # A stage that waits for every batch has no buffer to drain, and fewer of its slow batches do.
-            drain, calls = (DRAIN, 2 * steps_per_round) if stage.overlaps else (2, steps_per_round)
-            alone = fresh()
-            pipeline_rate = measure_rate(lambda: next(alone), batch_size, warmup=drain, repeats=repeats,
-                                         calls_per_round=calls).median
-            feeding, wait = fresh(), device_step(device, batch_size)
-            train_rate = measure_rate(lambda: wait(*next(feeding)), batch_size, warmup=drain, repeats=repeats,
-                                      calls_per_round=calls, clock=wait.clock).median
+            wait = device_step(device, batch_size)
+            if stage.overlaps:
+                # One after the other, not interleaved: between rounds a prefetching pipeline would fill its
+                # buffer. Each first drains what the buffer holds.
+                alone = fresh()
+                pipeline_rate = measure_rate(lambda: next(alone), batch_size, warmup=DRAIN, repeats=repeats,
+                                             calls_per_round=2 * steps_per_round).median
+                feeding = fresh()
+                train_rate = measure_rate(lambda: wait(*next(feeding)), batch_size, warmup=DRAIN, repeats=repeats,
+                                          calls_per_round=2 * steps_per_round, clock=wait.clock).median
+            else:
+                # Nothing works ahead, so the two interleave: a change in the machine's load touches both alike.
+                alone, feeding = fresh(), fresh()  # two iterators of their own
+                rates = measure_side_by_side({"alone": lambda: next(alone), "train": lambda: wait(*next(feeding))},
+                                             batch_size, warmup=2, repeats=repeats, calls_per_round=steps_per_round,
+                                             clock=wait.clock)
+                pipeline_rate, train_rate = rates["alone"].median, rates["train"].median
             results.append(StageResult(stage, pipeline_rate, train_rate, 1 / device.train_s_per_example,
                                        modelled=True))
         return results
