@@ -28,7 +28,7 @@ from typing import Mapping, Sequence
 
 #: The environment a multi-machine job usually needs, and why (values are examples to adapt).
 NETWORK_VARIABLES = {
-    "HOROVOD_GLOO_IFACE": "the network interface Gloo's workers talk over (`--network-interface eth0` sets it, and the next)",
+    "HOROVOD_GLOO_IFACE": "the network interface Gloo's workers talk over (`--network-interface eth0` sets it and NCCL_SOCKET_IFNAME)",
     "NCCL_SOCKET_IFNAME": "the interface NCCL uses between machines, e.g. eth0 or ib0 (not docker0 or lo)",
     "NCCL_IB_DISABLE": "1 forces TCP sockets where InfiniBand is absent or broken",
     "NCCL_DEBUG": "INFO prints which transport NCCL chose (IB, sockets, NVLink) for each pair of GPUs",
