@@ -8,7 +8,8 @@ start a job across machines, checked without running them.
   own argument parser and matches ``-np`` against the slots, so a typo fails here, not on the cluster.
 - :func:`slurm_script` writes a Slurm batch script that runs the same job inside an allocation
   through ``horovodrun`` (which needs ssh between the nodes); :func:`check_shell` checks its syntax
-  with ``bash -n``, and :func:`script_command` expands its ``horovodrun`` line in a stand-in allocation. :mod:`mgpu.slurm_horovod` runs a job under Slurm without ssh and without MPI.
+  with ``bash -n``, and :func:`script_command` expands its ``horovodrun`` line in a stand-in
+  allocation. :mod:`mgpu.slurm_horovod` runs a job under Slurm without ssh and without MPI.
 - :func:`check_local_hosts` lets :func:`mgpu.launch.run` spread workers over several names of this
   machine (``localhost``, ``127.0.0.1``, given as ``-H`` or a host file): Horovod counts each name as a
   machine of its own, which gives a real two-node job on one computer.
@@ -28,7 +29,8 @@ from typing import Mapping, Sequence
 
 #: The environment a multi-machine job usually needs, and why (values are examples to adapt).
 NETWORK_VARIABLES = {
-    "HOROVOD_GLOO_IFACE": "the network interface Gloo's workers talk over (`--network-interface eth0` sets it and NCCL_SOCKET_IFNAME)",
+    "HOROVOD_GLOO_IFACE": "the network interface Gloo's workers talk over (`--network-interface eth0` sets it "
+                          "and NCCL_SOCKET_IFNAME)",
     "NCCL_SOCKET_IFNAME": "the interface NCCL uses between machines, e.g. eth0 or ib0 (not docker0 or lo)",
     "NCCL_IB_DISABLE": "1 forces TCP sockets where InfiniBand is absent or broken",
     "NCCL_DEBUG": "INFO prints which transport NCCL chose (IB, sockets, NVLink) for each pair of GPUs",
