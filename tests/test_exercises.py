@@ -31,7 +31,8 @@ def test_each_lab_has_at_least_two_exercises_each_followed_by_its_test(number):
 
 
 #: Part II's notebooks split from one (06, 07, 09, 10), with the exercises each kept from it.
-SPLIT_EXERCISES = {"06": ["concatenated_gradient_solution"], "07": ["twobit_quantise_solution"],
+SPLIT_EXERCISES = {"06": ["staleness_aware_update_solution", "concatenated_gradient_solution"],
+                   "07": ["twobit_quantise_solution", "twobit_allreduce_solution"],
                    "09": [], "10": ["cluster_command_solution"]}
 
 
@@ -142,6 +143,29 @@ WRONG = {
         "    out = images[:, t:t + image_size, t:t + image_size]\n"
         "    return tf.reverse(out, [2]) if tf.random.uniform(()) < 0.5 else out\n",
     ],
+    ("06", "staleness_aware_update_solution", "staleness_aware_update_tests"): [
+        # The full rate, however stale (Downpour's rule).
+        "def staleness_aware_update(server, worker, gradient):\n    tau = server.version - server.read_version[worker]\n"
+        "    server.weights = server.weights - server.lr * gradient\n    server.version += 1\n"
+        "    server.read_version[worker] = server.version\n    return tau\n",
+        # The staleness counted after the update.
+        "def staleness_aware_update(server, worker, gradient):\n    server.version += 1\n"
+        "    tau = server.version - server.read_version[worker]\n"
+        "    server.weights = server.weights - server.lr / max(tau, 1) * gradient\n"
+        "    server.read_version[worker] = server.version\n    return tau\n",
+        # Divided by tau + 1.
+        "def staleness_aware_update(server, worker, gradient):\n    tau = server.version - server.read_version[worker]\n"
+        "    server.weights = server.weights - server.lr / (tau + 1) * gradient\n    server.version += 1\n"
+        "    server.read_version[worker] = server.version\n    return tau\n",
+        # The reply's version not recorded.
+        "def staleness_aware_update(server, worker, gradient):\n    tau = server.version - server.read_version[worker]\n"
+        "    server.weights = server.weights - server.lr / max(tau, 1) * gradient\n    server.version += 1\n"
+        "    return tau\n",
+        # The version never advanced.
+        "def staleness_aware_update(server, worker, gradient):\n    tau = server.version - server.read_version[worker]\n"
+        "    server.weights = server.weights - server.lr / max(tau, 1) * gradient\n"
+        "    server.read_version[worker] = server.version\n    return tau\n",
+    ],
     ("06", "concatenated_gradient_solution", "concatenated_gradient_tests"): [
         # Horovod's plain average: wrong when the workers' batches differ in size.
         "def concatenated_gradient(gradients, batch_sizes):\n"
@@ -152,12 +176,17 @@ WRONG = {
     ],
     ("07", "twobit_quantise_solution", "twobit_quantise_tests"): [
         # No error feedback: the residual is ignored.
-        "def twobit_quantise(values, residual, threshold):\n    z = tf.zeros_like(values)\n"
-        "    sent = tf.where(values >= threshold, z + threshold, tf.where(values <= -threshold, z - threshold, z))\n"
-        "    return sent, values - sent\n",
-        # The sign times the threshold: small values are sent too.
-        "def twobit_quantise(values, residual, threshold):\n    c = values + residual\n"
-        "    sent = tf.sign(c) * threshold\n    return sent, c - sent\n",
+        "def twobit_quantise(values, residual):\n    s = tf.reduce_mean(tf.abs(values))\n"
+        "    k = tf.cast(values >= -s, tf.uint8) + tf.cast(values >= 0, tf.uint8) + tf.cast(values >= s, tf.uint8)\n"
+        "    return k, s, values - (tf.cast(k, values.dtype) - 1.5) * s\n",
+        # The largest absolute value as the scale.
+        "def twobit_quantise(values, residual):\n    c = values + residual\n    s = tf.reduce_max(tf.abs(c))\n"
+        "    k = tf.cast(c >= -s, tf.uint8) + tf.cast(c >= 0, tf.uint8) + tf.cast(c >= s, tf.uint8)\n"
+        "    return k, s, c - (tf.cast(k, c.dtype) - 1.5) * s\n",
+        # Code k taken as the level k * scale.
+        "def twobit_quantise(values, residual):\n    c = values + residual\n    s = tf.reduce_mean(tf.abs(c))\n"
+        "    k = tf.cast(c >= -s, tf.uint8) + tf.cast(c >= 0, tf.uint8) + tf.cast(c >= s, tf.uint8)\n"
+        "    return k, s, c - tf.cast(k, c.dtype) * s\n",
     ],
     ("11", "p99_solution", "p99_tests"): [
         # Interpolated, not the nearest rank.
