@@ -9,10 +9,18 @@
   read-only tmpfs mounts, and a PID namespace of its own (with its own ``/proc``): when its first
   process ends, the kernel ends every process in it. :func:`isolation_available` probes this
   once; without it the run goes ahead with a logged note;
+- **a system-call filter** (:mod:`autograder.syscall_filter`, seccomp compiled by libseccomp),
+  loaded after the sandbox's own mounts and before anything of the run starts, so the kernel, the
+  launch service, the workers and the clean test pass all run under it: no namespaces, mounts,
+  ptrace, BPF, perf events, keyrings, ``userfaultfd``, ``kexec``, modules, personality changes or
+  io_uring. :func:`filter_available` probes it once; without it the run goes ahead with a note;
 - **cgroups** where the OS allows it (cgroup v1 ``pids``, ``memory``, ``cpu``): a cap on the number
   of tasks (a fork bomb stops there), a hard memory cap (a memory bomb faster than the watchdog
   is stopped by the kernel), and one CPU weight for the whole run (the grader stays responsive);
   :func:`cleanup_stale_runs` kills what a grader that was itself killed left in them;
+- **limits named in the verdict**: time, memory, tasks, the output cap (:data:`MAX_RESULT_BYTES`),
+  and a full disk or no inode left on the run's own file system, its ``/tmp`` or ``/dev/shm``
+  (each one line with the cap);
 - **a wall-clock time-out** on the grader's clock and **a memory limit** on the resident memory of
   the whole run, checked by a watchdog: the memory cgroup's anonymous memory (each page once), or
   without it the sum over the process tree (TensorFlow reserves far more virtual memory than it
@@ -61,12 +69,18 @@ from pathlib import Path
 
 import psutil
 
+from autograder import syscall_filter
 from mgpu import assessment
 from mgpu.launch import kill_processes
 
 #: Environment variable marking every process of one graded run (the launcher uses its own).
 GRADE_MARKER = "MGPU_GRADE_ID"
 REPO_ROOT = Path(__file__).resolve().parents[1]
+#: The Python a run starts, its folder's links resolved (a checkout under a linked home is seen in a
+#: run only at its real path); the file itself is not resolved, so a virtual env stays one.
+PYTHON = str(Path(sys.executable).parent.resolve() / Path(sys.executable).name)
+#: What a call the system-call filter refuses returns (:mod:`autograder.syscall_filter`).
+FILTER_ERRNO = errno.EPERM
 POLL_SECONDS = 0.25
 SAMPLE_SECONDS = 0.1  # the CPU trail's interval (CpuTrail)
 #: Most tasks (processes + threads) one run may have. A 4-worker run of the reference peaked at
@@ -98,8 +112,12 @@ RUN_DISK_MB, RUN_INODES = 512, 4096
 TMP_MB, TMP_INODES, SHM_MB = 512, 8192, 256
 #: Where the launch service takes jobs (in the run's private /tmp).
 LAUNCH_SPOOL = "/tmp/mgpu-launch"
-#: Most bytes of the result pipe kept (the executed notebook: at most 5 MB in, plus outputs).
+#: Most bytes of the result pipe kept (the executed notebook: at most 5 MB in, plus outputs): the
+#: output cap. A run whose executed notebook, with what its cells printed, is larger fails with
+#: ``output limit exceeded``.
 MAX_RESULT_BYTES = 64 * 2**20
+#: A file system of the run counts as full below this many free bytes (or with no free inode).
+FULL_BELOW_BYTES = 256 * 1024
 #: Largest epoch file the watchdog copies (as mgpu.assessment.MAX_WEIGHTS_BYTES).
 MAX_EPOCH_BYTES = assessment.MAX_WEIGHTS_BYTES
 #: What the watchdog copies from one run at most: a run could otherwise save, wait for the copy,
@@ -126,7 +144,7 @@ def _closed_ancestor(path: Path) -> Path | None:
 
 
 def isolation_script(work: Path, parent: Path, hidden: list[Path], needed: list[Path], uid: str,
-                     launch_service: bool = False) -> str:
+                     launch_service: bool = False, syscall_filter: list[str] = ()) -> str:
     """The shell script run as root inside the new namespaces, then as ``uid`` (every path quoted).
 
     1. loopback up; this run's work folder bound aside;
@@ -140,14 +158,25 @@ def isolation_script(work: Path, parent: Path, hidden: list[Path], needed: list[
     5. a private ``/tmp`` and ``/dev/shm`` (tmpfs with size and inode caps);
     6. every other mount is made read-only (``/var/tmp``, ``/run/lock`` and any other place the
        host leaves writable to all): a run writes only to its own folder, ``/tmp`` and ``/dev/shm``;
-    7. with ``launch_service``, the launch service starts, as root, in the background;
-    8. root is dropped (``setpriv``: new uid and gid, no groups, no capabilities, no new privileges).
+    7. the system-call filter is loaded (``syscall_filter``, the command that loads it and runs the
+       rest: :mod:`autograder.syscall_filter`), so the launch service, the workers and the kernel
+       all run under it, and none of the calls steps 1-6 needed is left to them;
+    8. with ``launch_service``, the launch service starts, as root, in the background;
+    9. root is dropped (``setpriv``: new uid and gid, no groups, no capabilities, no new privileges).
+
+    A needed path under ``/tmp`` (a checkout in ``/tmp``) is bound aside before the private ``/tmp``
+    covers it, and bound back at its path.
     """
     q = shlex.quote
     lines = ["set -e", "ip link set lo up", "keep=$(mktemp -d /dev/shm/mgpu-keep.XXXXXX 2>/dev/null || mktemp -d)",
              f"mount --bind {q(str(work))} \"$keep\""]
     groups: dict[Path, list[Path]] = {top: [] for top in _private_top_folders()}
+    in_tmp = [p for p in needed if Path(p).is_relative_to("/tmp") and Path(p) != Path(parent)
+              and not Path(parent).is_relative_to(p)]
+    in_tmp = [p for p in in_tmp if not any(p != o and Path(p).is_relative_to(o) for o in in_tmp)]  # outermost
     for path in needed:
+        if path in in_tmp:
+            continue
         top = Path("/" + Path(path).parts[1]) if len(Path(path).parts) > 1 else None
         if top not in groups:
             top = _closed_ancestor(path)
@@ -167,7 +196,16 @@ def isolation_script(work: Path, parent: Path, hidden: list[Path], needed: list[
                       f"umount \"$k{number}_{index}\"", f"{'rmdir' if folder else 'rm'} \"$k{number}_{index}\""]
     # A private /tmp first: whatever the host keeps there (other runs, this grader's work folders)
     # is gone; the run's own folder is bound back below.
+    for index, path in enumerate(in_tmp):
+        lines += [f"t{index}=$(mktemp {'-d ' if Path(path).is_dir() else ''}/dev/shm/mgpu-open.XXXXXX 2>/dev/null "
+                  f"|| mktemp {'-d ' if Path(path).is_dir() else ''}/run/mgpu-open.XXXXXX)",
+                  f"mount --bind {q(str(path))} \"$t{index}\""]
     lines.append(f"mount -t tmpfs -o size={TMP_MB}m,nr_inodes={TMP_INODES},mode=1777 tmpfs /tmp")
+    for index, path in enumerate(in_tmp):
+        folder = Path(path).is_dir()
+        make = f"mkdir -p {q(str(path))}" if folder else f"mkdir -p {q(str(Path(path).parent))} && touch {q(str(path))}"
+        lines += [make, f"mount --bind \"$t{index}\" {q(str(path))}", f"umount \"$t{index}\"",
+                  f"{'rmdir' if folder else 'rm'} \"$t{index}\""]
     # (a hidden folder under a closed one, or under /tmp, is already out of sight)
     lines += [f"if [ -d {q(str(h))} ]; then mount -t tmpfs -o size=64k,mode=0555 tmpfs {q(str(h))}; fi"
               for h in hidden]
@@ -184,14 +222,20 @@ def isolation_script(work: Path, parent: Path, hidden: list[Path], needed: list[
               f"  case \"$point\" in {'|'.join(kept)}) continue;; esac",
               "  mount -o remount,bind,ro \"$point\" 2>/dev/null || echo \"sandbox: $point stays writable\" >&2",
               "done"]
+    rest = ["set -e"]
     if launch_service and uid != "-":
         service = REPO_ROOT / "autograder" / "launch_service.py"
-        lines.append(f"{q(sys.executable)} -I {q(str(service))} {LAUNCH_SPOOL} {q(uid)} {q(WORKER_UID)} "
-                     "</dev/null >/dev/null 2>&1 &")
+        rest.append(f"{q(PYTHON)} -I {q(str(service))} {LAUNCH_SPOOL} {q(uid)} {q(WORKER_UID)} "
+                    "</dev/null >/dev/null 2>&1 &")
     if uid != "-":
-        lines.append(f"exec setpriv --reuid={q(uid)} --regid={q(uid)} --clear-groups --no-new-privs "
-                     "--bounding-set=-all --inh-caps=-all \"$@\"")
-    lines.append("exec \"$@\"")
+        rest.append(f"exec setpriv --reuid={q(uid)} --regid={q(uid)} --clear-groups --no-new-privs "
+                    "--bounding-set=-all --inh-caps=-all \"$@\"")
+    rest.append("exec \"$@\"")
+    rest = "\n".join(rest) + "\n"
+    if syscall_filter:
+        lines.append(f"exec {' '.join(q(a) for a in syscall_filter)} sh -c {q(rest)} isolate \"$@\"")
+    else:
+        lines.append(rest)
     return "\n".join(lines) + "\n"
 
 
@@ -212,7 +256,7 @@ def _needed_paths() -> list[Path]:
     """What a run must be able to read: the Python installation, the virtual env, the course library
     (``mgpu/`` and the grader's own ``autograder/``, nothing else of the project)."""
     paths = {Path(sys.base_prefix).resolve(), Path(sys.prefix).resolve(), Path(sys.executable).resolve().parent,
-             REPO_ROOT / "mgpu", REPO_ROOT / "autograder", REPO_ROOT / "pyproject.toml"}
+             Path(PYTHON).parent, REPO_ROOT / "mgpu", REPO_ROOT / "autograder", REPO_ROOT / "pyproject.toml"}
     return sorted(p for p in paths if p.exists())
 
 
@@ -250,6 +294,7 @@ class RunFolder:
     def __init__(self, root: Path, disk_mb: int = RUN_DISK_MB, inodes: int = RUN_INODES):
         self.root = Path(root)
         self.root.mkdir(parents=True)
+        self.disk_mb, self.inodes = disk_mb, inodes
         self.mounted = False
         if os.geteuid() == 0 and shutil.which("mount"):
             done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={disk_mb}m,nr_inodes={inodes},mode=0755",
@@ -290,7 +335,7 @@ def run_environment(nb: Path, marker: str, extra: dict[str, str] | None = None) 
     env.setdefault("LANG", "C.UTF-8")
     env.update({
         GRADE_MARKER: marker,
-        "PATH": os.pathsep.join([str(Path(sys.executable).parent), "/usr/local/bin", "/usr/bin", "/bin"]),
+        "PATH": os.pathsep.join([str(Path(PYTHON).parent), "/usr/local/bin", "/usr/bin", "/bin"]),
         "PYTHONPATH": str(REPO_ROOT),
         "HOME": str(nb / ".home"),
         "TMPDIR": "/tmp",
@@ -308,8 +353,32 @@ UNSHARE = ["unshare", "--net", "--mount", "--pid", "--ipc", "--fork", "--kill-ch
            "--propagation", "private"]
 
 
-@lru_cache(maxsize=1)
 def isolation_available() -> tuple[bool, str]:
+    """(True, '') when ``unshare --net --mount --pid`` works here and the system-call filter can be
+    loaded, else (False, one line saying what is missing)."""
+    notes = [note for ok, note in (namespaces_available(), filter_available()) if not ok]
+    return not notes, "; ".join(notes)
+
+
+@lru_cache(maxsize=1)
+def filter_available() -> tuple[bool, str]:
+    """(True, '') when the system-call filter (:mod:`autograder.syscall_filter`) can be built here."""
+    try:
+        syscall_filter.check(FILTER_ERRNO)
+    except syscall_filter.FilterError as error:
+        return False, f"{error}: the notebook runs without a system-call filter"
+    return True, ""
+
+
+def _filter_command() -> list[str]:
+    """The command that loads the filter and runs the rest of its arguments ([] without a filter)."""
+    if not filter_available()[0]:
+        return []
+    return [PYTHON, "-I", str(REPO_ROOT / "autograder" / "syscall_filter.py"), "--errno", str(FILTER_ERRNO), "--"]
+
+
+@lru_cache(maxsize=1)
+def namespaces_available() -> tuple[bool, str]:
     """(True, '') when ``unshare --net --mount --pid`` works here, else (False, why)."""
     if shutil.which("unshare") is None or shutil.which("ip") is None:
         return False, "unshare or ip not installed: the notebook runs with the network on and folders visible"
@@ -932,7 +1001,7 @@ def trusted_python(module: str, *args: str) -> list[str]:
     the import path (a module a run wrote can never stand in for the grader's), only the course's."""
     code = (f"import sys; sys.path.insert(0, {str(REPO_ROOT)!r}); import runpy; "
             f"sys.argv[0] = {module!r}; runpy.run_module({module!r}, run_name='__main__', alter_sys=True)")
-    return [sys.executable, "-I", "-c", code, *args]
+    return [PYTHON, "-I", "-c", code, *args]
 
 
 def _wrap(command: list[str], work: Path, *, hide, work_parent: Path | None, isolate: bool,
@@ -943,15 +1012,21 @@ def _wrap(command: list[str], work: Path, *, hide, work_parent: Path | None, iso
     """
     note, isolated = "", False
     if isolate:
-        ok, note = isolation_available()
+        ok, note = namespaces_available()
         if ok:
             hidden = [Path(h).resolve() for h in hide if Path(h).exists()]
             parent = (work_parent or work.parent).resolve()
-            script = isolation_script(work, parent, hidden, [*_needed_paths(), parent], RUN_UID, launch_service)
+            script = isolation_script(work, parent, hidden, [*_needed_paths(), parent], RUN_UID, launch_service,
+                                      _filter_command())
             command = [*UNSHARE, "sh", "-c", script, "isolate", *command]
             isolated = True
+        else:  # no namespaces: the filter still applies
+            command = [*_filter_command(), *command]
     else:
         note = "isolation switched off by the caller"
+        command = [*_filter_command(), *command]
+    if not filter_available()[0]:
+        note = "; ".join(n for n in (note, filter_available()[1]) if n)
     if cgroups.note:
         note = "; ".join(n for n in (note, cgroups.note) if n)
     command = ["sh", "-c", _JOIN, "join", *cgroups.join_files(), "--", *command]
@@ -1017,6 +1092,9 @@ class _NotebookRun:
         self.run_cpu: dict[str, float | None] = {}  # the run's CPU seconds (cpuacct) at the first and latest epoch
         self.pending: list[float] = []  # when each new epoch file was written, until the trail has a sample after it
         self.peak = 0.0
+        self.overflowed = False  # the result pipe passed MAX_RESULT_BYTES
+        self.full = ""  # the first of the run's file systems seen full (a reason), '' if none
+        self._init_pid: int | None = None  # the first process of the run's PID namespace (its /tmp)
 
     def start(self, name: str, parameters: dict, env, *, hide, work_parent, isolate) -> None:
         folder = self.folder
@@ -1024,10 +1102,10 @@ class _NotebookRun:
         read_end, write_end = os.pipe()
         command = trusted_python("autograder.execute", str(folder.nb / name), str(folder.nb / "executed.ipynb"),
                                  json.dumps(parameters), "--result-fd", str(write_end))
-        command, self.note, isolated = _wrap(command, folder.root, hide=hide, work_parent=work_parent,
+        command, self.note, self.isolated = _wrap(command, folder.root, hide=hide, work_parent=work_parent,
                                              isolate=isolate, cgroups=self.cgroups, launch_service=True)
         self.worker_uid = None
-        if isolated and RUN_UID != "-":
+        if self.isolated and RUN_UID != "-":
             self.worker_uid = int(WORKER_UID)
             child_env["MGPU_LAUNCH_SPOOL"] = LAUNCH_SPOOL
         else:
@@ -1059,6 +1137,43 @@ class _NotebookRun:
                     self.chunks.append(chunk)
                 else:
                     self.chunks.clear()
+                    self.overflowed = True
+
+    def _file_systems(self) -> list[tuple[str, str, int, int]]:
+        """(name, path, size in MB, inodes) of each file system of the run the grader can measure:
+        its own (mounted in the grader's namespace) and, while the run's first process lives, its
+        private /tmp and /dev/shm seen through that process's root (``statvfs`` only: nothing is
+        opened or read there)."""
+        found = []
+        if self.folder.mounted:
+            found.append(("the run's own file system", str(self.folder.root), self.folder.disk_mb, self.folder.inodes))
+        if self.isolated and self._init_pid is None:
+            try:
+                self._init_pid = next((c.pid for c in self.root.children() if _namespace_pid(c.pid) == 1), None)
+            except psutil.Error:
+                pass
+        if self._init_pid is not None:
+            found += [("/tmp", f"/proc/{self._init_pid}/root/tmp", TMP_MB, TMP_INODES),
+                      ("/dev/shm", f"/proc/{self._init_pid}/root/dev/shm", SHM_MB, TMP_INODES)]
+        return found
+
+    def _check_disks(self) -> None:
+        """Note the first of the run's file systems found full: no space, or no inode, left."""
+        if self.full:
+            return
+        for name, path, size_mb, inodes in self._file_systems():
+            try:
+                fs = os.statvfs(path)
+            except OSError:
+                continue
+            if fs.f_blocks and fs.f_bavail * fs.f_frsize < FULL_BELOW_BYTES:
+                self.full = (f"disk limit reached: {name} was full (its cap is {size_mb} MB), "
+                             "the run could write no more")
+            elif fs.f_files and fs.f_ffree <= 0:
+                self.full = (f"inode limit reached: {name} held its cap of {inodes} files and folders, "
+                             "the run could create no more")
+            if self.full:
+                return
 
     def _poll_epochs(self, now: float) -> None:
         known = set(self.keeper.seen)
@@ -1081,6 +1196,7 @@ class _NotebookRun:
             if now > timeout_s:
                 return "timeout", f"timed out after {timeout_s:.0f} s"
             self._poll_epochs(now)
+            self._check_disks()
             self._note_marks()
             self.trail.forget_before(self.pending[0] if self.pending else self.keeper.listed_at)
             memory = self.cgroups.resident_mb()
@@ -1101,6 +1217,7 @@ class _NotebookRun:
         self.memory_peak_mb = cgroups.peak_mb()
         self.run_cpu["end"] = cgroups.cpu_s()
         self._poll_epochs(self.end)  # appeared between the last poll and the end
+        self._check_disks()
         self.trail.stop()
         self._note_marks()
         kill_run(self.popen, self.marker, cgroups)
@@ -1141,6 +1258,12 @@ class _NotebookRun:
         if self.fork_limited:
             return "tasks", (f"too many processes/threads: the run hit the limit of {PIDS_MAX} tasks "
                              "(a fork bomb?) and was stopped")
+        if self.full and (result is None or result.get("status") != "ok"):
+            then = (result or {}).get("message") or "the run ended without a result"
+            return "disk", f"{self.full} ({then})"[:600]
+        if self.overflowed:
+            return "output", (f"output limit exceeded: the executed notebook, with what its cells printed, passed "
+                              f"{MAX_RESULT_BYTES // 2**20} MB, the grader's cap (print less)")
         if result is None:
             return "kernel_died", "kernel died (it exited, crashed or ran out of memory): the run ended without a result"
         status = result["status"]

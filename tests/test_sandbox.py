@@ -20,7 +20,10 @@ pytestmark = pytest.mark.slow
 def _notebook(folder, *cells):
     runs = folder / "runs"  # the grader's folder of work folders
     runs.mkdir(exist_ok=True)
-    work = sandbox.RunFolder(runs / "work")
+    return _notebook_in(sandbox.RunFolder(runs / "work"), *cells)
+
+
+def _notebook_in(work, *cells):
     notebook = nbformat.v4.new_notebook(metadata={"kernelspec": {"name": "python3", "language": "python",
                                                                  "display_name": "Python 3"}})
     parameters = nbformat.v4.new_code_cell('secret_dir = ""\noutput_dir = ""')
@@ -124,6 +127,65 @@ def test_memory_limit_kills_the_run_with_the_reason(tmp_path):
     assert _orphan_gone(path)
 
 
+def test_printing_past_the_output_cap_is_named(tmp_path, monkeypatch):
+    monkeypatch.setattr(sandbox, "MAX_RESULT_BYTES", 4 * 2**20)
+    path = _notebook(tmp_path, ORPHAN, "for i in range(8):\n    print('x' * 2**20)")
+    result = _run(path)
+    assert result.status == "output" and result.reason == (
+        "output limit exceeded: the executed notebook, with what its cells printed, passed 4 MB, the grader's cap "
+        "(print less)"), result.reason
+    assert _orphan_gone(path)
+
+
+FILL = """
+import os
+with open(os.path.join({folder!r}, "big"), "wb") as file:
+    for _ in range(64):
+        file.write(b"x" * 2**20)
+"""
+
+MANY_FILES = """
+import os
+os.makedirs("many", exist_ok=True)
+for i in range(100000):
+    open(f"many/{i}", "w").close()
+"""
+
+
+@pytest.mark.parametrize("where", ["run", "tmp", "shm"])
+def test_a_full_disk_is_named_with_its_cap(tmp_path, monkeypatch, where):
+    if os.geteuid() != 0:
+        pytest.skip("the run's own file system is a tmpfs only as root")
+    available, why = sandbox.isolation_available()
+    if where != "run" and not available:
+        pytest.skip(why)
+    monkeypatch.setattr(sandbox, "TMP_MB", 16)
+    monkeypatch.setattr(sandbox, "SHM_MB", 16)
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    work = sandbox.RunFolder(runs / "work", disk_mb=16)
+    folder = {"run": str(work.nb), "tmp": "/tmp", "shm": "/dev/shm"}[where]
+    path = _notebook_in(work, FILL.format(folder=folder), "print('after')")
+    result = _run(path)
+    name = {"run": "the run's own file system", "tmp": "/tmp", "shm": "/dev/shm"}[where]
+    assert result.status == "disk", (result.status, result.reason)
+    assert result.reason.startswith(f"disk limit reached: {name} was full (its cap is 16 MB)"), result.reason
+    if where != "run":  # (a full run folder also stops papermill writing the executed notebook)
+        assert "No space left on device" in result.reason, result.reason
+
+
+def test_running_out_of_inodes_is_named_with_the_cap(tmp_path):
+    if os.geteuid() != 0:
+        pytest.skip("the run's own file system is a tmpfs only as root")
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    work = sandbox.RunFolder(runs / "work", inodes=300)
+    result = _run(_notebook_in(work, MANY_FILES))
+    assert result.status == "disk", (result.status, result.reason)
+    assert result.reason.startswith("inode limit reached: the run's own file system held its cap of 300 files "
+                                    "and folders"), result.reason
+
+
 def test_a_dead_kernel_is_reported(tmp_path):
     path = _notebook(tmp_path, ORPHAN, "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)", "print('after')")
     result = _run(path)
@@ -224,7 +286,8 @@ from mgpu import launch
 def work(output_dir):
     import horovod.tensorflow as hvd
     hvd.init()
-    open(os.path.join(output_dir, f"facts-{os.getpid()}.json"), "w").write("{}")
+    seccomp = [line.split()[1] for line in open("/proc/self/status") if line.startswith("Seccomp:")]
+    open(os.path.join(output_dir, f"facts-{os.getpid()}.json"), "w").write(f'{{"seccomp": "{seccomp[0]}"}}')
     return os.getuid(), hvd.size()
 
 # A process of the kernel's own that claims to be a Horovod worker.
@@ -233,6 +296,9 @@ fake = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
 result = launch.run(work, 2, args=(output_dir,))
 print("workers ran as", result.value)
 fake.kill()
+seccomp = [line.split()[1] for line in open("/proc/self/status") if line.startswith("Seccomp:")]
+print("seccomp of the kernel", seccomp, "and the workers",
+      sorted(open(os.path.join(output_dir, f)).read() for f in os.listdir(output_dir) if f.startswith("facts-")))
 """
 
 
@@ -247,6 +313,8 @@ def test_horovod_workers_are_started_by_the_launch_service_as_their_own_user(tmp
     assert result.status == "ok", result.reason
     text = _outputs(result.notebook)
     assert f"workers ran as ({sandbox.WORKER_UID}, 2)" in text, text
+    # every process of the run works under the system-call filter (mode 2), the workers too
+    assert """seccomp of the kernel ['2'] and the workers ['{"seccomp": "2"}', '{"seccomp": "2"}']""" in text, text
     assert result.worker_uid == int(sandbox.WORKER_UID)
     assert sorted(w["rank"] for w in result.horovod_workers.values()) == [0, 1]  # the fake is not one
     assert result.launched == [2] and sorted(w["rank"] for w in result.workers_that_ran().values()) == [0, 1]
