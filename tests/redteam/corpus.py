@@ -845,6 +845,33 @@ def kernel_trains(context):
     return _trained_elsewhere(context, "_pretrain()")
 
 
+_ESCAPES = r"""
+import ctypes, os, subprocess
+from autograder.syscall_filter import syscall_number
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+
+def attempt(name, *args):  # in a child: a call that worked changes nothing here
+    pid = os.fork()
+    if pid == 0:
+        done = libc.syscall(ctypes.c_long(syscall_number(name)), *[ctypes.c_long(a) for a in args])
+        os._exit(0 if done >= 0 else ctypes.get_errno())
+    code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+    return f"{name}: {os.strerror(code) if code else 'WORKED'}"
+
+root = subprocess.run(["unshare", "-Ur", "sh", "-c", "mount -t tmpfs x /mnt && echo mounted"],
+                      capture_output=True, text=True)
+said = [f"unshare -Ur: {'WORKED' if 'mounted' in root.stdout else 'refused'}",
+        attempt("ptrace", 0), attempt("process_vm_readv", os.getpid(), 0, 0, 0, 0, 0),
+        attempt("io_uring_setup", 1, 0), attempt("userfaultfd", 0)]
+raise RuntimeError("escapes: " + "; ".join(said))
+"""
+
+
+def escapes_by_system_calls(context):
+    return _attack_only(context, _ESCAPES)
+
+
 def one_worker_launch_trains(context):
     return _trained_elsewhere(context, "launch.run(_pretrain, 1, verbose=False).value")
 
@@ -953,6 +980,11 @@ CASES: list[Case] = [
          "the kernel trains alone; the workers take 3 averaged steps per epoch, then load its weights (blind attack)"),
     Case("one_worker_launch_trains", one_worker_launch_trains, False, ("2 Horovod launches (-np 1, 2)",),
          "a 1-worker launch trains alone; the 2-worker launch replays its epochs (blind attack)"),
+    Case("escapes_by_system_calls", escapes_by_system_calls, False,
+         ("escapes: unshare -Ur: refused; ptrace: Operation not permitted; process_vm_readv: Operation not permitted; "
+          "io_uring_setup: Operation not permitted; userfaultfd: Operation not permitted",),
+         "root in a user namespace (unshare -Ur, then mount), ptrace, another process's memory, io_uring, "
+         "userfaultfd: every call refused by the system-call filter"),
     Case("reads_the_host", reads_the_host, False, ("no weights saved",),
          "reads other folders, submissions and the project's git beside the course; writes /var/tmp, /run/lock"),
 ]
