@@ -294,7 +294,10 @@ def _ps_strategy_child(config: dict) -> dict:
         optimizer.build([w])  # its step counter lives on the parameter server too
 
     def dataset_fn():
-        data = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(len(x), seed=config["seed"]).repeat()
+        # No seed: each worker's shuffle draws its own, so the workers read different batches, as the
+        # toy's do. (The strategy runs one traced dataset_fn on every worker, and the input context it
+        # passes says pipeline 0 of 1 on each, so a seed could not tell the workers apart.)
+        data = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(len(x)).repeat()
         return data.batch(config["batch"])
 
     iterator = iter(coordinator.create_per_worker_dataset(dataset_fn))
