@@ -22,7 +22,10 @@ shared threads.
 Without a GPU, notebook 03 times the stages against the course's simulated accelerator
 (:mod:`mgpu.accelerator`): a modelled device whose training step is a wait that holds no core
 (:func:`device_step`), so every core is the host's, as beside a GPU. :func:`calibrate_device` sets
-its speed between the naive loader's and the tuned pipeline's, timed alone on the machine at hand. With a GPU, the GPU's real training step is timed instead.
+its speed between the naive loader's and the tuned pipeline's, timed alone on the machine at hand.
+:func:`alone_and_training` times a pipeline alone and feeding the device in interleaved rounds, each
+round starting with the pipeline's buffer drained, so both see the same machine. With a GPU, the GPU's
+real training step is timed instead.
 """
 
 from __future__ import annotations
@@ -263,6 +266,34 @@ def device_step(profile: Profile, batch_size: int) -> DeviceStep:
 DRAIN = 10
 
 
+def alone_and_training(iterator, step, batch_size: int, *, repeats: int = 5, calls_per_round: int = 6,
+                       drain: int = DRAIN):
+    """Two :class:`mgpu.measure.Rate` of one pipeline (``iterator``): alone (batches drawn as fast as it
+    delivers them) and feeding ``step`` (a :class:`DeviceStep`, or None to time it alone only).
+
+    Their rounds interleave (alone, training, alone, ...), so a change in the machine's load touches both
+    alike. Each round first draws ``drain`` batches untimed: whatever the pipeline prepared ahead during
+    the previous round is used up, and every round times the pipeline's own pace from an empty buffer.
+    """
+    from mgpu.measure import Rate, measure_rate
+
+    clock = step.clock if step is not None else time.perf_counter
+    calls = {"alone": lambda: next(iterator)}
+    if step is not None:
+        calls["training"] = lambda: step(*next(iterator))
+    rates = {name: Rate() for name in calls}
+    for _ in range(max(drain, 2)):  # warm-up: the first batches also trace the pipeline's functions
+        next(iterator)
+    for _ in range(repeats):
+        for name, call in calls.items():
+            for _ in range(drain):
+                next(iterator)
+            one = measure_rate(call, batch_size, warmup=0, repeats=1, calls_per_round=calls_per_round, clock=clock)
+            rates[name].rounds += one.rounds
+            rates[name].seconds_per_call += one.seconds_per_call
+    return rates["alone"], rates.get("training")
+
+
 @dataclass
 class DeviceCalibration:
     """The modelled device of notebook 03 and the two rates that set it."""
@@ -296,7 +327,7 @@ def device_between(naive_rate: float, tuned_rate: float, tuned: str = "uint8_tra
     return Profile(
         name="sim-fed-device", train_s_per_example=1 / rate, eval_s_per_example=1 / (3 * rate),
         basis=(f"Its speed, {rate:,.0f} images/s, is the geometric mean of what the naive loader ({naive_rate:,.0f}/s) "
-               f"and the tuned pipeline ({tuned}, {tuned_rate:,.0f}/s) deliver alone, timed one after the other{where} "
+               f"and the tuned pipeline ({tuned}, {tuned_rate:,.0f}/s) deliver alone, timed{where} "
                f"just now: {factor:.1f}x faster than the one and {factor:.1f}x slower than the other, so the naive loader "
                f"cannot feed it and the tuned pipeline can."))
 
@@ -307,21 +338,19 @@ def calibrate_device(folder, *, batch_size: int, image_size: int, seed: int = 0,
     """A modelled device that the naive loader cannot feed and the tuned pipeline can, on this machine.
 
     The naive loader and the tuned pipeline (``tuned``, by default every idea of :data:`STAGES` a CPU
-    can use) are timed alone, one after the other, as :func:`measure_stages` times them (not
-    interleaved: between its rounds a prefetching pipeline would fill its buffer); the device trains at
-    the geometric mean of their rates (:func:`device_between`). If the tuned
+    can use) are timed alone as :func:`measure_stages` times them (:func:`alone_and_training`, each
+    round after a drained buffer); the device trains at the geometric mean of their rates
+    (:func:`device_between`). If the tuned
     pipeline does not come out faster (a machine too busy to time anything), it is timed again, up to
     ``attempts`` times.
     """
-    from mgpu.measure import measure_rate
-
     for attempt in range(attempts):
         naive = batches("naive", folder, batch_size, image_size, seed)
-        naive_rate = measure_rate(lambda: next(naive), batch_size, warmup=2, repeats=repeats,
-                                  calls_per_round=steps_per_round).median
+        naive_rate = alone_and_training(naive, None, batch_size, repeats=repeats, calls_per_round=steps_per_round,
+                                        drain=0)[0].median
         ready = fill_cache(tuned, folder, batch_size, image_size, seed, host_threads)()
-        tuned_rate = measure_rate(lambda: next(ready), batch_size, warmup=DRAIN, repeats=repeats,
-                                  calls_per_round=2 * steps_per_round).median
+        tuned_rate = alone_and_training(ready, None, batch_size, repeats=repeats,
+                                        calls_per_round=2 * steps_per_round)[0].median
         del ready  # its cache: memory the stages will need
         if tuned_rate > naive_rate:
             break
@@ -445,19 +474,21 @@ def _describe_on_device(r: StageResult) -> str:
     p, d = r.pipeline_rate, r.ceiling_rate
     measured = f"measured {r.fraction_of_ceiling:.2f}x"
     if not r.stage.overlaps:
-        return (f"{r.stage.name}: waits for every batch. A step takes preparing the batch ({1e3 / p:.1f} ms per image "
-                f"alone) plus the device's step ({1e3 / d:.1f} ms per image), which predicts {r.predicted_fraction:.2f}x the "
-                f"device's rate; {measured}.")
-    if r.fraction_of_ceiling >= FED:
-        verdict = "fed"
-    elif p < d:
-        verdict = "starved: its pipeline is slower than the device"
+        return (f"{r.stage.name}: starved, waits for every batch. A step takes preparing the batch ({1e3 / p:.1f} ms "
+                f"per image alone) plus the device's step ({1e3 / d:.1f} ms per image), which predicts "
+                f"{r.predicted_fraction:.2f}x the device's rate; {measured}.")
+    verdict = "fed" if r.fraction_of_ceiling >= FED else "starved"
+    predicted = r.predicted_fraction
+    if (predicted >= FED) == (r.fraction_of_ceiling >= FED):
+        agreement = "."
+    elif min(p, d) * JUST_FED > max(p, d):
+        agreement = ("; the two disagree: with the pipeline and the device this close, a few slower or faster "
+                     "batches decide.")
     else:
-        verdict = ("short of the device although its pipeline alone, timed apart, was faster: on a busy machine "
-                   "a pipeline's speed varies from moment to moment")
-    return (f"{r.stage.name}: {verdict}. The next batches are prepared during the device's step, so a step takes the "
-            f"longer of the two (pipeline alone {p:,.0f} images/s, device {d:,.0f}/s), which predicts "
-            f"{r.predicted_fraction:.2f}x the device's rate; {measured}.")
+        agreement = "; the two disagree: the pipeline's pace changed between its rounds alone and training."
+    return (f"{r.stage.name}: {verdict}, {r.fraction_of_ceiling:.2f}x the device's rate. Batches are prepared "
+            f"during the device's step, so a step takes the longer of the two: its pipeline alone ({p:,.0f} "
+            f"images/s) beside the device ({d:,.0f}/s) predicts {predicted:.2f}x{agreement}")
 
 
 def describe_bottleneck(r: StageResult, on_gpu: bool = False) -> str:
@@ -511,9 +542,8 @@ def measure_stages(folder, *, batch_size: int, image_size: int, width: float, re
     """Time every stage: the pipeline alone, and training fed by it beside the ceiling.
 
     ``device``: a modelled device (:func:`calibrate_device`); each step is its wait
-    (:func:`device_step`, timed on its clock) and the ceiling is its rate; a prefetching stage's rounds are
-    not interleaved with others (it would fill its buffer during them), the other stages' rounds alone
-    and training are. Without one, the step is AlexNet's
+    (:func:`device_step`, timed on its clock) and the ceiling is its rate; each stage is timed alone and
+    training in interleaved rounds (:func:`alone_and_training`). Without one, the step is AlexNet's
     real training step (on a GPU, where there is one) and the ceiling the same step on a batch already
     on the device. The ceiling is re-measured in rounds interleaved with each stage's, so the ratio
     stays fair on a machine whose speed drifts. ``prepared``: stages already filled, by name (a
@@ -532,24 +562,12 @@ def measure_stages(folder, *, batch_size: int, image_size: int, width: float, re
                 continue
             fresh = prepared.pop(stage.name, None) or fill_cache(stage.name, folder, batch_size, image_size, seed,
                                                                  host_threads)
-            # Not interleaved with anything: between rounds a prefetching pipeline would fill its buffer.
-            wait = device_step(device, batch_size)
-            if stage.overlaps:
-                # One after the other, not interleaved: between rounds a prefetching pipeline would fill its
-                # buffer. Each first drains what the buffer holds.
-                alone = fresh()
-                pipeline_rate = measure_rate(lambda: next(alone), batch_size, warmup=DRAIN, repeats=repeats,
-                                             calls_per_round=2 * steps_per_round).median
-                feeding = fresh()
-                train_rate = measure_rate(lambda: wait(*next(feeding)), batch_size, warmup=DRAIN, repeats=repeats,
-                                          calls_per_round=2 * steps_per_round, clock=wait.clock).median
-            else:
-                # Nothing works ahead, so the two interleave: a change in the machine's load touches both alike.
-                alone, feeding = fresh(), fresh()  # two iterators of their own
-                rates = measure_side_by_side({"alone": lambda: next(alone), "train": lambda: wait(*next(feeding))},
-                                             batch_size, warmup=2, repeats=repeats, calls_per_round=steps_per_round,
-                                             clock=wait.clock)
-                pipeline_rate, train_rate = rates["alone"].median, rates["train"].median
+            # Alone and training in interleaved rounds of one iterator, each round after a drained buffer (a
+            # stage that does not prefetch still has a parallel map's few images in flight: one batch drains it).
+            alone, training = alone_and_training(fresh(), device_step(device, batch_size), batch_size,
+                                                 repeats=repeats, calls_per_round=2 * steps_per_round,
+                                                 drain=DRAIN if stage.overlaps else 1)
+            pipeline_rate, train_rate = alone.median, training.median
             results.append(StageResult(stage, pipeline_rate, train_rate, 1 / device.train_s_per_example,
                                        modelled=True))
         return results
@@ -643,3 +661,18 @@ def profile_training(step, iterator, logdir, steps: int = 5) -> list:
     finally:
         tf.profiler.experimental.stop()
     return sorted(logdir.rglob("*.xplane.pb"))
+
+
+def crop_costs(batch_size: int, side: int, image_size: int, *, repeats: int = 5, calls_per_round: int = 3,
+               seed: int = 0) -> dict[str, float]:
+    """Milliseconds to crop and flip one batch of ``side`` x ``side`` uint8 squares on this machine, image by
+    image (as the ``cache`` stage does, in its map) and with the two gathers of ``batched_augment``; medians
+    of rounds interleaved with each other."""
+    from mgpu.measure import measure_side_by_side
+
+    squares = tf.cast(tf.random.uniform((batch_size, side, side, 3), 0, 256, seed=seed), tf.uint8)
+    by_image = tf.function(lambda: tf.stack([_random_crop_flip(squares[i], image_size) for i in range(batch_size)]))
+    gathers = tf.function(lambda: _batch_crop_flip(squares, image_size))
+    rates = measure_side_by_side({"image by image": lambda: by_image().numpy(), "two gathers": lambda: gathers().numpy()},
+                                 batch_size, warmup=2, repeats=repeats, calls_per_round=calls_per_round)
+    return {name: 1e3 * batch_size / rate.median for name, rate in rates.items()}
