@@ -374,7 +374,7 @@ def _filter_command() -> list[str]:
     """The command that loads the filter and runs the rest of its arguments ([] without a filter)."""
     if not filter_available()[0]:
         return []
-    return [PYTHON, "-I", str(REPO_ROOT / "autograder" / "syscall_filter.py"), "--errno", str(FILTER_ERRNO), "--"]
+    return [PYTHON, "-I", "-S", str(REPO_ROOT / "autograder" / "syscall_filter.py"), "--errno", str(FILTER_ERRNO), "--"]
 
 
 @lru_cache(maxsize=1)

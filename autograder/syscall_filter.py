@@ -9,7 +9,7 @@ a struct a filter cannot read, fails with ``ENOSYS``, so the C library falls bac
 
 The filter is compiled by libseccomp (the library Docker's, systemd's and nsjail's filters are
 built with), called through ``ctypes``: no hand-written BPF and no Python package beyond the
-standard library. The sandbox runs this file as a program (``python -I syscall_filter.py
+standard library. The sandbox runs this file as a program (``python -I -S syscall_filter.py
 [--errno N] -- COMMAND...``) after its own namespaces and mounts are set up and just before the
 command: it sets ``no_new_privs``, loads the filter and ``exec``s the command, whose every child
 inherits it. It imports nothing but the standard library (``-I`` puts no folder on the import path).
@@ -18,7 +18,6 @@ inherits it. It imports nothing but the standard library (``-I`` puts no folder 
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import errno
 import os
 import sys
@@ -65,10 +64,14 @@ class FilterError(Exception):
 def _library():
     if not sys.platform.startswith("linux"):
         raise FilterError(f"no system-call filter on {sys.platform}: seccomp is Linux's")
-    try:
-        lib = ctypes.CDLL(ctypes.util.find_library("seccomp") or LIBSECCOMP, use_errno=True)
+    try:  # by its usual name first: find_library runs ldconfig, which takes time
+        lib = ctypes.CDLL(LIBSECCOMP, use_errno=True)
     except OSError:
-        raise FilterError("libseccomp not found: install it (apt-get install libseccomp2)") from None
+        try:
+            from ctypes import util  # (only here: it imports much of the standard library)
+            lib = ctypes.CDLL(util.find_library("seccomp") or LIBSECCOMP, use_errno=True)
+        except OSError:
+            raise FilterError("libseccomp not found: install it (apt-get install libseccomp2)") from None
     lib.seccomp_init.restype = ctypes.c_void_p
     lib.seccomp_init.argtypes = [ctypes.c_uint32]
     lib.seccomp_rule_add_array.argtypes = [ctypes.c_void_p, ctypes.c_uint32, ctypes.c_int, ctypes.c_uint,

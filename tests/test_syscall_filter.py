@@ -141,7 +141,8 @@ def test_the_helper_loads_the_filter_and_every_child_inherits_it():
 
 def test_without_libseccomp_the_grader_says_so(monkeypatch):
     monkeypatch.setattr(syscall_filter, "LIBSECCOMP", "libseccomp-missing.so.9")
-    monkeypatch.setattr(syscall_filter.ctypes.util, "find_library", lambda name: None)
+    import ctypes.util
+    monkeypatch.setattr(ctypes.util, "find_library", lambda name: None)
     sandbox.filter_available.cache_clear()
     try:
         ok, note = sandbox.isolation_available()
