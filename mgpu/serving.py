@@ -4,7 +4,9 @@ batching, and an inference server that starts and stops from a notebook without 
 - :func:`poisson_arrivals` draws the arrival times of an open-loop load (a Poisson process), and
   :func:`send_load` sends one request per arrival to a server over HTTP, each at its own time
   whether or not earlier ones have been answered, and returns every request's latency measured
-  from its *scheduled* arrival (a client that falls behind shows up as latency, not as a lower rate).
+  from its *scheduled* arrival (a client that falls behind shows up as latency, not as a lower rate),
+  with the requests the server answered wrongly (errors) apart from those it did not answer in time;
+  :func:`burst_capacity` gauges how many requests per second a model name answers.
 - :func:`percentile` and :func:`latency_stats` summarise latencies (nearest-rank percentiles).
 - :func:`simulate_batching` is the queueing model: Poisson arrivals, one model instance, a batch
   service time ``a + c * batch``, and a batcher that starts a batch when the instance is free and
@@ -521,35 +523,53 @@ def _request_body(rows: np.ndarray) -> tuple[bytes, dict]:
 
 @dataclass
 class LoadRun:
-    """A load's requests as the client saw them."""
+    """A load's requests as the client saw them.
 
-    latencies: np.ndarray  # seconds from each request's scheduled arrival to its answer
+    ``errors``: requests the server answered with an error status, or (given the expected outputs)
+    with an output that differs from them -- something is wrong. ``unanswered``: requests with no
+    answer within the timeout, or whose connection was dropped -- what an overloaded server does.
+    """
+
+    latencies: np.ndarray  # seconds from each answered request's scheduled arrival to its answer
     finished: float        # seconds from the first scheduled arrival to the last answer
     errors: int = 0
+    unanswered: int = 0
 
     @property
     def throughput(self) -> float:
         return len(self.latencies) / self.finished if self.finished > 0 else float("nan")
 
 
-async def _send_all(url: str, name: str, arrivals: np.ndarray, bodies: list, timeout: float) -> LoadRun:
+def _output(payload: bytes) -> np.ndarray:
+    """The first output tensor of a KServe v2 JSON answer."""
+    output = json.loads(payload)["outputs"][0]
+    return np.asarray(output["data"], dtype=np.float32).reshape(output["shape"])
+
+
+async def _send_all(url: str, name: str, arrivals: np.ndarray, bodies: list, timeout: float,
+                    expected: np.ndarray | None) -> LoadRun:
     import aiohttp
 
     loop = asyncio.get_running_loop()
     target = f"{url}/v2/models/{name}/infer"
     done = np.full(len(arrivals), np.nan)
-    errors = 0
+    errors = unanswered = 0
 
     async def one(session, index, body, headers):
-        nonlocal errors
+        nonlocal errors, unanswered
         try:
             async with session.post(target, data=body, headers=headers) as response:
                 payload = await response.read()
                 if response.status != 200:
                     raise ServerError(payload[:200].decode(errors="replace"))
+            if expected is not None and not np.allclose(_output(payload)[0], expected[index % len(expected)],
+                                                        rtol=1e-3, atol=1e-4):
+                raise ServerError(f"a wrong answer to request {index}")
             done[index] = loop.time()
-        except (aiohttp.ClientError, asyncio.TimeoutError, ServerError):
+        except (ServerError, ValueError, KeyError, IndexError):
             errors += 1
+        except (aiohttp.ClientError, asyncio.TimeoutError):
+            unanswered += 1
 
     connector = aiohttp.TCPConnector(limit=0, force_close=False)
     async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=timeout)) as session:
@@ -566,17 +586,33 @@ async def _send_all(url: str, name: str, arrivals: np.ndarray, bodies: list, tim
     scheduled = start + np.asarray(arrivals)
     latencies = (done - scheduled)[ok]
     finished = float(np.nanmax(done) - scheduled[0]) if ok.any() else float("nan")
-    return LoadRun(latencies=latencies, finished=finished, errors=errors)
+    return LoadRun(latencies=latencies, finished=finished, errors=errors, unanswered=unanswered)
 
 
-def send_load(url: str, name: str, arrivals: np.ndarray, inputs: np.ndarray, timeout: float = 120.0) -> LoadRun:
+def send_load(url: str, name: str, arrivals: np.ndarray, inputs: np.ndarray, timeout: float = 120.0,
+              expected: np.ndarray | None = None) -> LoadRun:
     """Send one request (one row of ``inputs``, in turn) at each arrival time (seconds from now).
 
     Requests go out on schedule whether or not earlier ones have been answered (an open loop, as
-    independent users behave); each latency runs from the scheduled arrival to the answer.
+    independent users behave); each latency runs from the scheduled arrival to the answer. A request
+    not answered within ``timeout`` seconds counts as unanswered. ``expected``: the model's output
+    on each row of ``inputs``, to check every answer against (a mismatch counts as an error).
     """
     bodies = [_request_body(inputs[i:i + 1]) for i in range(len(inputs))]
-    return _run(_send_all(url, name, np.asarray(arrivals, dtype=float), bodies, timeout))
+    if expected is not None:
+        expected = np.asarray(expected, dtype=np.float32).reshape(len(inputs), -1)
+    return _run(_send_all(url, name, np.asarray(arrivals, dtype=float), bodies, timeout, expected))
+
+
+def burst_capacity(url: str, names: Sequence[str], requests: int, inputs: np.ndarray, rounds: int = 3,
+                   timeout: float = 120.0) -> dict[str, float]:
+    """Requests per second each model name answers when ``requests`` arrive at once: the median of
+    ``rounds`` bursts, the names taken in turn in each round (a busy moment slows them alike)."""
+    speeds = {name: [] for name in names}
+    for _ in range(rounds):
+        for name in names:
+            speeds[name].append(send_load(url, name, np.zeros(requests), inputs, timeout=timeout).throughput)
+    return {name: float(np.median(values)) for name, values in speeds.items()}
 
 
 def infer(url: str, name: str, rows: np.ndarray, timeout: float = 60.0) -> np.ndarray:
@@ -584,8 +620,7 @@ def infer(url: str, name: str, rows: np.ndarray, timeout: float = 60.0) -> np.nd
     body, headers = _request_body(rows)
     request = urllib.request.Request(f"{url}/v2/models/{name}/infer", data=body, headers=headers, method="POST")
     with urllib.request.urlopen(request, timeout=timeout) as r:
-        output = json.load(r)["outputs"][0]
-    return np.asarray(output["data"], dtype=np.float32).reshape(output["shape"])
+        return _output(r.read())
 
 
 def _run(coroutine):

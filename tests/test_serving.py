@@ -364,7 +364,16 @@ def test_a_real_server_answers_batches_and_stops_leaving_no_process(saved_model,
         assert serving.batches_between(after, server.stats(), serving.NO_BATCHING) == (5, 5)
         assert serving.busy_seconds(before, after, serving.model_name(5.0)) > 0
         missing = serving.send_load(server.url, "delay_7000us", np.zeros(2), x)  # a name the server does not have
-        assert missing.errors == 2
+        assert missing.errors == 2 and missing.unanswered == 0
+        right = model(x).numpy()
+        checked = serving.send_load(server.url, serving.model_name(5.0), np.linspace(0, 0.01, 8), x, expected=right)
+        assert (checked.errors, checked.unanswered, len(checked.latencies)) == (0, 0, 8)
+        wrong = serving.send_load(server.url, serving.model_name(0.0), np.zeros(3), x, expected=right + 1)
+        assert (wrong.errors, wrong.unanswered) == (3, 0), "an answer that differs from the model's is an error"
+        late = serving.send_load(server.url, serving.model_name(5.0), np.zeros(1), x, timeout=0.002)  # waits 5 ms
+        assert (late.errors, late.unanswered, len(late.latencies)) == (0, 1, 0), "no answer in time: unanswered"
+        speed = serving.burst_capacity(server.url, [serving.NO_BATCHING, serving.model_name(0.0)], 8, x, rounds=2)
+        assert set(speed) == {serving.NO_BATCHING, serving.model_name(0.0)} and all(v > 0 for v in speed.values())
     assert serving.alive(pids) == []
     assert not _pytriton_blocks(child)
     assert "serving" in (tmp_path / "server.log").read_text()
