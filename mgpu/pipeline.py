@@ -273,14 +273,23 @@ def alone_and_training(iterator, step, batch_size: int, *, repeats: int = 5, cal
 
     Their rounds interleave (alone, training, alone, ...), so a change in the machine's load touches both
     alike. Each round first draws ``drain`` batches untimed: whatever the pipeline prepared ahead during
-    the previous round is used up, and every round times the pipeline's own pace from an empty buffer.
+    the previous round is used up, and every round times the pipeline's own pace from an empty buffer. A
+    training round then takes one batch untimed and times, per call, the device's step on the batch in
+    hand and the wait for the next: a pipeline faster than the device has the next batch ready (it was
+    prepared during the step), one slower makes each call take its own time per batch.
     """
     from mgpu.measure import Rate, measure_rate
 
     clock = step.clock if step is not None else time.perf_counter
+    held = []  # the batch in hand: a training call is the device's step on it, then the next batch
+
+    def train():
+        step(*held[0])
+        held[0] = next(iterator)
+
     calls = {"alone": lambda: next(iterator)}
     if step is not None:
-        calls["training"] = lambda: step(*next(iterator))
+        calls["training"] = train
     rates = {name: Rate() for name in calls}
     for _ in range(max(drain, 2)):  # warm-up: the first batches also trace the pipeline's functions
         next(iterator)
@@ -288,6 +297,8 @@ def alone_and_training(iterator, step, batch_size: int, *, repeats: int = 5, cal
         for name, call in calls.items():
             for _ in range(drain):
                 next(iterator)
+            if name == "training":  # the first batch, untimed: from an empty buffer it is not prepared ahead
+                held[:] = [next(iterator)]
             one = measure_rate(call, batch_size, warmup=0, repeats=1, calls_per_round=calls_per_round, clock=clock)
             rates[name].rounds += one.rounds
             rates[name].seconds_per_call += one.seconds_per_call

@@ -256,7 +256,7 @@ def test_alone_and_training_interleave_rounds_of_one_pipeline_after_a_drain():
     step = pipeline.device_step(profile, 10)
     alone, training = pipeline.alone_and_training(source(), step, 10, repeats=3, calls_per_round=2, drain=4)
     assert len(alone.rounds) == len(training.rounds) == 3
-    assert len(drawn) == 4 + 3 * 2 * (4 + 2)  # warm-up, then every round drains 4 and times 2
+    assert len(drawn) == 4 + 3 * (4 + 2) + 3 * (4 + 1 + 2)  # warm-up; rounds drain 4, training takes 1 untimed
     assert all(rate < 1000 * 1.01 for rate in training.rounds) and alone.median > 5 * training.median
     only, none = pipeline.alone_and_training(source(), None, 10, repeats=2, calls_per_round=2, drain=0)
     assert none is None and len(only.rounds) == 2
