@@ -174,6 +174,10 @@ def isolation_script(work: Path, parent: Path, hidden: list[Path], needed: list[
     in_tmp = [p for p in needed if Path(p).is_relative_to("/tmp") and Path(p) != Path(parent)
               and not Path(parent).is_relative_to(p)]
     in_tmp = [p for p in in_tmp if not any(p != o and Path(p).is_relative_to(o) for o in in_tmp)]  # outermost
+    for index, path in enumerate(in_tmp):  # aside first: a closed folder above it may be covered below
+        lines += [f"t{index}=$(mktemp {'-d ' if Path(path).is_dir() else ''}/dev/shm/mgpu-open.XXXXXX 2>/dev/null "
+                  f"|| mktemp {'-d ' if Path(path).is_dir() else ''}/run/mgpu-open.XXXXXX)",
+                  f"mount --bind {q(str(path))} \"$t{index}\""]
     for path in needed:
         if path in in_tmp:
             continue
@@ -196,10 +200,6 @@ def isolation_script(work: Path, parent: Path, hidden: list[Path], needed: list[
                       f"umount \"$k{number}_{index}\"", f"{'rmdir' if folder else 'rm'} \"$k{number}_{index}\""]
     # A private /tmp first: whatever the host keeps there (other runs, this grader's work folders)
     # is gone; the run's own folder is bound back below.
-    for index, path in enumerate(in_tmp):
-        lines += [f"t{index}=$(mktemp {'-d ' if Path(path).is_dir() else ''}/dev/shm/mgpu-open.XXXXXX 2>/dev/null "
-                  f"|| mktemp {'-d ' if Path(path).is_dir() else ''}/run/mgpu-open.XXXXXX)",
-                  f"mount --bind {q(str(path))} \"$t{index}\""]
     lines.append(f"mount -t tmpfs -o size={TMP_MB}m,nr_inodes={TMP_INODES},mode=1777 tmpfs /tmp")
     for index, path in enumerate(in_tmp):
         folder = Path(path).is_dir()
