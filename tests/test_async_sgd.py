@@ -4,6 +4,7 @@ the uneven split and its weighting on real Horovod workers, the
 traffic counts, and TensorFlow's ParameterServerStrategy in a child process that never outlives
 its call."""
 
+import functools
 import os
 import threading
 import time
@@ -204,16 +205,19 @@ def test_traffic_counts_match_the_ring_and_the_server(n):
     assert traffic["ps_server_receives"] == traffic["ps_server_sends"] == n * values * 4
 
 
-def _straggler_job():
-    configs = [dict(name="even", slowness=[1, 1], work_load=[1, 1], weighted=False),
-               dict(name="uneven weighted", slowness=[1, 3], work_load=[3, 1], weighted=True),
-               dict(name="uneven plain", slowness=[1, 3], work_load=[3, 1], weighted=False)]
-    return async_sgd.straggler_study(configs, global_batch=32, steps=2, warmup=1, ms_per_example=0.5, seed=4)
+# A library function with its arguments, so that the workers do not import this module (whose
+# imports, nbgrader's among them, are not the workers' business).
+_STRAGGLER_JOB = functools.partial(
+    async_sgd.straggler_study,
+    [dict(name="even", slowness=[1, 1], work_load=[1, 1], weighted=False),
+     dict(name="uneven weighted", slowness=[1, 3], work_load=[3, 1], weighted=True),
+     dict(name="uneven plain", slowness=[1, 3], work_load=[3, 1], weighted=False)],
+    global_batch=32, steps=2, warmup=1, ms_per_example=0.5, seed=4)
 
 
 @pytest.mark.slow
 def test_weighted_uneven_split_equals_the_concatenated_batch_on_horovod_workers():
-    result = launch.run(_straggler_job, 2, verbose=False).value
+    result = launch.run(_STRAGGLER_JOB, 2, verbose=False).value
     configs = result["configs"]
     assert result["size"] == 2
     assert configs["uneven weighted"]["sizes"] == [24, 8]
