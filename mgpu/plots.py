@@ -355,7 +355,7 @@ def time_to_accuracy_runs(runs, target: float, name: str = "02_time_to_accuracy"
         axes[0].plot(run.wall_times, run.val_accuracy, "o-", ms=3, color=colour, label=f"B = {run.batch_size}")
     axes[0].axhline(target, color="black", ls=":", label=f"target {target:.2f}")
     axes[0].set_xlabel("wall time since training began (s)")
-    axes[0].set_ylabel("validation accuracy")
+    axes[0].set_ylabel("test accuracy")
     axes[0].set_title("Accuracy against time (StopAtAccuracy ends each run)", fontsize=10)
     axes[0].legend(fontsize=8)
     batches = [r.batch_size for r in runs]
@@ -462,7 +462,7 @@ def scaling_rules_and_warmup(study: dict, base_batch: int, warmup_batch: int,
     base = study["linear/gradual"][base_batch]
     ax.axhline(base, color="black", lw=0.8, ls=":", label=f"batch {base_batch} (the base)")
     _log2_batch_axis(ax, sorted(study["linear/gradual"]))
-    ax.set_ylabel("held-out accuracy after the fixed epoch budget")
+    ax.set_ylabel("test accuracy after the fixed epoch budget")
     ax.set_title("LR scaling with a fixed number of epochs", fontsize=10)
     ax.legend(fontsize=7)
     ax = axes[1]
@@ -473,7 +473,7 @@ def scaling_rules_and_warmup(study: dict, base_batch: int, warmup_batch: int,
         ax.text(i, v + 0.01, f"{v:.3f}", ha="center", fontsize=8)
     ax.axhline(base, color="black", lw=0.8, ls=":")
     ax.set_ylim(0, 1)
-    ax.set_ylabel("held-out accuracy")
+    ax.set_ylabel("test accuracy")
     ax.set_title(f"Warm-up at batch {warmup_batch} (linear scaling)", fontsize=10)
     fig.tight_layout()
     save_figure(fig, name)
@@ -492,8 +492,8 @@ def sharp_vs_flat(alphas, train_loss, test_accuracy, sharpness: dict, accuracies
     for a in (0, 1):
         ax.axvline(a, color="gray", lw=0.8, ls=":")
     twin = ax.twinx()
-    twin.plot(alphas, test_accuracy, "--", color="tab:red", label="held-out accuracy")
-    twin.set_ylabel("held-out accuracy", color="tab:red")
+    twin.plot(alphas, test_accuracy, "--", color="tab:red", label="test accuracy")
+    twin.set_ylabel("test accuracy", color="tab:red")
     twin.set_ylim(0, 1)
     ax.set_title("f(a x_LB + (1 - a) x_SB)", fontsize=10)
     ax = axes[1]
@@ -512,7 +512,7 @@ def sharp_vs_flat(alphas, train_loss, test_accuracy, sharpness: dict, accuracies
     for i, v in enumerate(values):
         ax.text(i, v, f"{v:.3f}", ha="center", va="bottom", fontsize=8)
     ax.set_ylim(min(values) - 0.05, max(values) + 0.03)
-    ax.set_ylabel("held-out accuracy")
+    ax.set_ylabel("test accuracy")
     ax.set_title("Generalization", fontsize=10)
     ax.tick_params(axis="x", labelsize=8)
     fig.tight_layout()
@@ -541,8 +541,9 @@ def show_jpegs(folder, count: int = 6, name: str = "03_jpeg_examples"):
     return fig
 
 
-def pipeline_stages(results, name: str = "03_pipeline_stages"):
-    """Images/s per stage: the pipeline alone, training fed by it, and the compute ceiling."""
+def pipeline_stages(results, name: str = "03_pipeline_stages", ceiling_label: str = "float32 model's compute ceiling"):
+    """Images/s per stage: the pipeline alone, training fed by it, and the compute ceiling (``ceiling_label``
+    names it: the modelled device, where the stages were timed on one)."""
     shown = [r for r in results if r.train_rate is not None]
     labels = [r.stage.summary for r in shown]
     y = np.arange(len(shown))
@@ -553,7 +554,7 @@ def pipeline_stages(results, name: str = "03_pipeline_stages"):
     # The float32 model's ceiling (timed beside every stage; a stage that changes the model times it as well).
     ceiling = float(np.median([r.reference_rate if r.reference_rate is not None else r.ceiling_rate for r in shown]))
     ax.axvline(ceiling, color="tab:red", linestyle="--",
-               label=f"float32 model's compute ceiling, median beside the stages ({ceiling:,.0f}/s)")
+               label=f"{ceiling_label}, median over the stages ({ceiling:,.0f}/s)")
     for yi, r in zip(y, shown):
         ax.text(r.train_rate, yi - 0.2, f" {r.fraction_of_reference:.2f}x", va="center", fontsize=8)
     ax.set_yticks(y, labels, fontsize=8)
@@ -561,7 +562,7 @@ def pipeline_stages(results, name: str = "03_pipeline_stages"):
     ax.set_xscale("log")
     ax.set_xlabel("images per second (log scale)")
     ax.set_title("Each stage of the input pipeline against the compute ceiling\n"
-                 "(x: training over the float32 model's ceiling timed beside it)", fontsize=10)
+                 f"(x: training over the {ceiling_label} of each stage)", fontsize=10)
     ax.legend(fontsize=8, loc="lower right")
     ax.grid(axis="x", alpha=0.3)
     fig.tight_layout()
@@ -935,7 +936,7 @@ def pipeline_bubble(timelines: dict, sweep: list, name: str = "09_pipeline_bubbl
     ax.set_ylim(0, 1)
     ax.set_xlabel("micro-batches M")
     ax.set_ylabel("idle fraction of the devices")
-    ax.set_title("The bubble shrinks with M", fontsize=9)
+    ax.set_title("Measured idle fraction (points), GPipe's bubble (lines)", fontsize=9)
     ax.legend(fontsize=7)
     ax.grid(alpha=0.3)
     fig.tight_layout()
@@ -1028,7 +1029,7 @@ def batching_delay_tradeoff(measured: dict, predicted: dict, throughput: dict, n
     left.set_title("Waiting adds to latency; without batching, the top load queues", fontsize=10)
     right.set_ylabel("requests answered per second")
     right.set_ylim(bottom=0)
-    right.set_title("Throughput: batching keeps up where one-at-a-time cannot", fontsize=10)
+    right.set_title("Throughput: requests answered per second against the rate sent", fontsize=10)
     for ax in (left, right):
         ax.set_xlabel("batcher's maximum queue delay (ms)")
         ax.legend(fontsize=7)
