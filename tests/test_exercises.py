@@ -33,7 +33,7 @@ def test_each_lab_has_at_least_two_exercises_each_followed_by_its_test(number):
 #: Part II's notebooks split from one (06, 07, 09, 10), with the exercises each kept from it.
 SPLIT_EXERCISES = {"06": ["staleness_aware_update_solution", "concatenated_gradient_solution"],
                    "07": ["twobit_quantise_solution", "twobit_allreduce_solution"],
-                   "09": [], "10": ["cluster_command_solution"]}
+                   "09": ["tensor_parallel_mlp_solution"], "10": ["cluster_command_solution"]}
 
 
 @pytest.mark.parametrize("number", sorted(SPLIT_EXERCISES))
