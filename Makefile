@@ -20,17 +20,17 @@ setup:
 	@VENV=$(VENV) bash scripts/setup.sh
 
 course: setup
-	$(PY) -m mgpu.course $(if $(filter 1 true yes,$(SMOKE)),--smoke) --seed $(SEED)
+	$(PY) -m mgpu.runtime.course $(if $(filter 1 true yes,$(SMOKE)),--smoke) --seed $(SEED)
 
 course-check: setup
-	$(PY) -m mgpu.course --check --seeds $(or $(SEEDS),0 1)
+	$(PY) -m mgpu.runtime.course --check --seeds $(or $(SEEDS),0 1)
 
 test: setup
 	$(PY) -m pytest --durations=25
 
 # Your copies of the labs (solutions removed by nbgrader), written once: your work is never overwritten.
 lab: setup
-	$(PY) -m mgpu.labs
+	$(PY) -m mgpu.runtime.labs
 	$(VENV)/bin/jupyter lab --notebook-dir=lab --port=$(PORT) $(if $(filter 0,$(shell id -u)),--allow-root)
 
 tensorboard: setup

@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     calibrate.add_argument("--assignment", default="assessment")
     calibrate.add_argument("--profile", required=True, help="the row's name, e.g. gpu")
     calibrate.add_argument("--workers", type=int, required=True)
-    calibrate.add_argument("--dataset", required=True, help="mgpu.data name (a real one makes an official row)")
+    calibrate.add_argument("--dataset", required=True, help="mgpu.runtime.data name (a real one makes an official row)")
     calibrate.add_argument("--runs", type=int, default=5, help="reference runs, one at a time (default 5)")
     calibrate.add_argument("--train-images", type=int, default=6000)
     calibrate.add_argument("--val-images", type=int, default=1000)

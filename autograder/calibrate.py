@@ -57,7 +57,7 @@ def rows_path(course_dir) -> Path:
 
 def machine() -> dict:
     """What a calibration was measured on, and what the grader compares before using an official row."""
-    from mgpu import hardware, launch
+    from mgpu.runtime import hardware, launch
 
     gpus = launch.visible_gpus()
     return {"gpus": gpus, "cpu": hardware._cpu_name(), "cores": launch.available_cores(),
@@ -75,7 +75,7 @@ def same_hardware(calibrated: dict, here: dict) -> bool:
 
 def versions() -> dict:
     from autograder import certificates
-    from mgpu import hardware
+    from mgpu.runtime import hardware
 
     return {"python": platform.python_version(), "tensorflow": hardware.tensorflow_version(),
             "keras": hardware.keras_2_version(), "horovod": hardware._version("horovod"),
@@ -229,7 +229,7 @@ def calibrate(course_dir, name: str, workers: int, dataset_name: str, runs: int,
     import nbformat
 
     from autograder import grade as grading
-    from mgpu import data
+    from mgpu.runtime import data
 
     if runs < 2:
         raise CalibrationError(f"--runs {runs}: calibrate with 2 or more reference runs")

@@ -86,7 +86,7 @@ def copy_course(destination: str | os.PathLike, assignment: str = "assessment") 
 
     For the tests and the benchmark, which grade demo cohorts away from ``assignments/``.
     """
-    from mgpu import paths
+    from mgpu.runtime import paths
 
     destination = Path(destination)
     destination.mkdir(parents=True, exist_ok=True)

@@ -171,7 +171,7 @@ def load_verdicts(results_dir: Path) -> list[dict]:
 
 def default_jobs(workers: int, profile_name: str) -> int:
     """Submissions graded at once: one per ``workers`` cores on CPU, one otherwise."""
-    from mgpu.launch import available_cores
+    from mgpu.runtime.launch import available_cores
 
     return max(1, available_cores() // workers) if profile_name == "cpu" else 1
 
@@ -196,7 +196,7 @@ class CohortGrader:
 
     def prepare(self, work_root: Path) -> None:
         """Release + gradebook, the held-out data and the measuring model (once per cohort)."""
-        from mgpu import data, synthetic
+        from mgpu.runtime import data, synthetic
 
         self.course.ensure_release()
         self.student_cells = self.course.student_cell_ids(self.notebook_id)
@@ -825,7 +825,7 @@ def grade_in_private_copy(notebooks: dict, profile: assessment.Profile, *, kind:
 
     import nbformat
 
-    from mgpu import paths
+    from mgpu.runtime import paths
 
     root = Path(work_root) if work_root else paths.build_dir() / f"autograder_{kind}"
     root.mkdir(parents=True, exist_ok=True)

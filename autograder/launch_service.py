@@ -4,7 +4,7 @@ Inside a graded run the notebook's kernel runs as one unprivileged user (``RUN_U
 kernel starts runs as the same user, so a process it started could not be told apart from a
 worker, and could write a worker's facts file. This service closes that: it runs as root inside
 the run's namespaces (started by the sandbox's isolation script, before root is dropped), and the
-course launcher (:mod:`mgpu.launch`), seeing ``MGPU_LAUNCH_SPOOL`` in its environment, asks it to
+course launcher (:mod:`mgpu.runtime.launch`), seeing ``MGPU_LAUNCH_SPOOL`` in its environment, asks it to
 start ``horovodrun`` instead of starting it itself. The service starts it as a second unprivileged
 user (``WORKER_UID``) that the kernel cannot become, signal, trace or write the files of. Only
 processes of that user count as Horovod workers for the grader, and only files that user owns
@@ -14,7 +14,7 @@ The protocol, in the spool folder (a folder of the run's private ``/tmp``):
 
 - the launcher makes a job folder ``SPOOL/<name>/`` (mode 1777) holding ``job.pkl`` and
   ``request.json`` = ``{"workers": N, "start_timeout": S, "threads": T, "cwd": DIR}``;
-- the service starts ``horovodrun -np N ... python -m mgpu._worker JOB`` as ``WORKER_UID`` in
+- the service starts ``horovodrun -np N ... python -m mgpu.runtime._worker JOB`` as ``WORKER_UID`` in
   ``DIR``, its output going to ``JOB/log``; the workers leave their status files in ``JOB``;
 - a file ``JOB/cancel`` (made by the launcher) stops the job; when it ends the service kills
   every process left with the job's marker and writes ``JOB/exit.json`` = ``{"returncode": R}``.
@@ -42,7 +42,7 @@ import time
 POLL_SECONDS = 0.1
 MAX_REQUEST_BYTES = 4096
 MAX_WORKERS = 64
-#: The variable that marks every process of one job (as :data:`mgpu.launch.LAUNCH_MARKER`).
+#: The variable that marks every process of one job (as :data:`mgpu.runtime.launch.LAUNCH_MARKER`).
 LAUNCH_MARKER = "MGPU_LAUNCH_ID"
 JOB_NAME = re.compile(r"^mgpu-launch-[A-Za-z0-9_]{1,64}$")
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
@@ -156,7 +156,7 @@ class Job:
                    "--no-new-privs", "--bounding-set=-all", "--inh-caps=-all",
                    "sh", "-c", 'mkdir -p "$HOME" && cd -- "$0" && exec "$@"', cwd,
                    python, horovodrun, "-np", str(workers), "-H", f"localhost:{workers}", "--gloo",
-                   "--start-timeout", str(start_timeout), python, "-m", "mgpu._worker", job_dir]
+                   "--start-timeout", str(start_timeout), python, "-m", "mgpu.runtime._worker", job_dir]
         log = _create(job_fd, "log")
         try:
             self.popen = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,

@@ -57,7 +57,7 @@ def run_task(task_dir: Path) -> dict:
     task = json.loads((task_dir / "task.json").read_text())
     results = task_dir / "result"
     results.mkdir(exist_ok=True)
-    from mgpu import data as data_mod
+    from mgpu.runtime import data as data_mod
 
     hide = [Path(h) for h in task["hide"]] + [data_mod.cache_dir()]
     sandbox.cleanup_stale_runs()  # cgroups a runner Slurm killed outright left on this node

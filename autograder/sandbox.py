@@ -71,7 +71,7 @@ import psutil
 
 from autograder import syscall_filter
 from mgpu import assessment
-from mgpu.launch import kill_processes
+from mgpu.runtime.launch import kill_processes
 
 #: Environment variable marking every process of one graded run (the launcher uses its own).
 GRADE_MARKER = "MGPU_GRADE_ID"

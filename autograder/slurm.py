@@ -48,7 +48,7 @@ import numpy as np
 
 from autograder import course as course_mod
 from autograder import node_run, sandbox
-from mgpu.slurm_horovod import ACTIVE_STATES
+from mgpu.lesson10.slurm_horovod import ACTIVE_STATES
 
 #: The file of a course's cluster settings (the command line's flags override it).
 SETTINGS_FILE = "slurm.json"

@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from autograder import cohort
     from autograder import course as course_mod
-    from mgpu import paths, results
+    from mgpu.runtime import paths, results
 
     course_dir = paths.build_dir() / "autograder_benchmark" / "course"
     shutil.rmtree(course_dir, ignore_errors=True)

@@ -74,7 +74,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from autograder import cohort
     from autograder import course as course_mod
-    from mgpu import paths, results, slurm_horovod
+    from mgpu.lesson10 import slurm_horovod
+    from mgpu.runtime import paths, results
 
     script = slurm_horovod.cluster_script()
     base = paths.build_dir() / "autograder_slurm"

@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     import cryptography
 
     from autograder import certificates
-    from mgpu import results
+    from mgpu.runtime import results
 
     fields = {
         "name": "Ada Lovelace", "student_id": "s1815", "course": certificates.COURSE_NAME,

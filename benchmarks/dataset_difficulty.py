@@ -1,6 +1,6 @@
 """How hard is the offline default dataset? A linear model versus a small CNN.
 
-Generates :mod:`mgpu.synthetic` data, then trains with tf.keras (Keras 2):
+Generates :mod:`mgpu.runtime.synthetic` data, then trains with tf.keras (Keras 2):
 
 - softmax regression on pixels/255 (Flatten -> Dense(10)), Adam, to convergence;
 - a small CNN, Conv(32,3)-Pool-Conv(64,3)-Pool-Dense(128)-Dense(10), Adam.
@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="TensorFlow intra-op threads (0: TensorFlow's default)")
     args = parser.parse_args(argv)
 
-    from mgpu import synthetic
+    from mgpu.runtime import synthetic
 
     n_train = 60000 if args.subset is None else args.subset
     n_test = 10000 if args.subset is None else max(1000, args.subset // 6)

@@ -45,7 +45,8 @@ def main(argv: list[str] | None = None) -> int:
     import tensorflow as tf
 
     from autograder.measure import COPY_AGREEMENT, MIN_EPOCH_CHANGE, MIN_OUTPUT_CHANGE
-    from mgpu import assessment, paths
+    from mgpu.runtime import paths
+    from mgpu import assessment
 
     with tempfile.TemporaryDirectory() as folder:
         assessment.prepare_practice_data(folder)

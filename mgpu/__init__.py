@@ -1,44 +1,24 @@
 """mgpu: the library behind the course "Deep learning on multiple GPUs".
 
-The notebooks stay narrative; the code they call lives here, one module per concern:
+The notebooks stay narrative; the code they call lives here. ``mgpu.runtime`` is what every lesson
+shares; each ``mgpu.lessonNN`` holds what only notebook NN (and lessons after it) use, with that
+notebook's figures. Each package's docstring maps its modules.
 
-- ``mgpu.download``  fetching official dataset files with SHA-256 checks, atomically and resumably
-- ``mgpu.synthetic`` the offline default dataset, generated deterministically
-- ``mgpu.data``      dataset registry, cache, ``auto`` choice and fingerprints
-- ``mgpu.launch``    running a function or script on N data-parallel Horovod workers
-- ``mgpu.hardware``  what this machine has and which hardware profile the course uses
-- ``mgpu.accelerator`` the simulated accelerator: a modelled device per worker where GPUs are fewer than workers
-- ``mgpu.reference`` measurements on a real GPU (H100) shown where the machine has none
-- ``mgpu.callbacks`` Keras callbacks shared by the labs and the assessment (throughput, time, targets)
-- ``mgpu.allreduce`` a from-scratch ring all-reduce in numpy, to step through
-- ``mgpu.optimizers`` LARS and LAMB, the large-batch optimizers TensorFlow 2.15 lacks
-- ``mgpu.sgd``       notebook 01's toy problems: the linear neuron, the noise ball, GD's rate, the saddle
-- ``mgpu.measure``   the benchmark harness (warm-up, repetitions, median) and FLOP counts
-- ``mgpu.imagefolder`` notebook 03's folder of JPEG files and TFRecord shards
-- ``mgpu.alexnet``   AlexNet (single tower) and the training step notebook 03's pipelines feed
-- ``mgpu.pipeline``  notebook 03's input pipelines, stage by stage, and their measurement
-- ``mgpu.models``    small Keras models (CNN, MLP, ResNet-style) for the labs
-- ``mgpu.multimodel`` many small MLPs trained side by side in one batched computation (notebook 02's sweeps)
-- ``mgpu.batch_study`` notebook 02's batch-size studies: steps-to-target, fits, scaling rules, warm-up
-- ``mgpu.noise_scale`` the two-batch gradient noise scale estimator (McCandlish et al. 2018)
-- ``mgpu.sharpness`` epsilon-sharpness and 1-D interpolation (Keskar et al. 2017)
-- ``mgpu.keras_runs`` throughput and time-to-accuracy runs with the course callbacks
-- ``mgpu.conversion`` notebook 04's training script, one Horovod conversion step at a time
-- ``mgpu.recipes``   notebook 05's accuracy-at-scale recipes (LR scaling, warm-up, momentum, LARS/LAMB)
-- ``mgpu.step_costs`` time in compute vs all-reduce per step, and per-worker gradient norms
-- ``mgpu.timeline``  reading Horovod's timeline
-- ``mgpu.async_sgd`` notebook 06's parameter-server runs: the toy's problem, traffic counts, the uneven split,
-  stragglers on Horovod, TensorFlow's ParameterServerStrategy in a child process
-- ``mgpu.model_parallel`` notebook 09's pipelines: GPipe schedules, bubble accounting, the timing harness
-- ``mgpu.compression`` notebook 07's 2-bit packing, byte counts, training with per-tensor compressors
-- ``mgpu.multinode`` notebook 10's host plans, multi-machine commands and their dry run
-- ``mgpu.slurm_horovod`` notebook 10's Horovod job inside a Slurm allocation, started by srun without ssh or MPI
-- ``mgpu.serving``   notebook 11's inference server (Triton), load generator and queueing model
+- ``mgpu.lesson00``   notebook 00's figures (the setup check)
+- ``mgpu.lesson01``   notebook 01 (GD vs SGD): the toy problems and their figures
+- ``mgpu.lesson02``   notebook 02 (batch size): batch-size studies, noise scale, sharpness, batched MLPs,
+  Keras runs
+- ``mgpu.lesson03``   notebook 03 (input pipeline): JPEG folders and shards, AlexNet, the pipelines
+- ``mgpu.lesson04``   notebook 04 (Horovod): the conversion, the ring all-reduce, step costs
+- ``mgpu.lesson05``   notebook 05 (accuracy at scale): the recipes, LARS and LAMB
+- ``mgpu.lesson06``   notebook 06 (sync or async): parameter servers, staleness, stragglers
+- ``mgpu.lesson07``   notebook 07 (communication): gradient compression
+- ``mgpu.lesson09``   notebook 09 (model parallelism): GPipe schedules, bubbles, the timing harness
+- ``mgpu.lesson10``   notebook 10 (several machines): host plans, multi-machine commands, Slurm
+- ``mgpu.lesson11``   notebook 11 (serving): load generator, queueing model, inference server, float16
+- ``mgpu.runtime``    the course's runtime: launching workers, hardware, the simulated accelerator, data,
+  models, measurement, results, figures' shared parts, running the notebooks, Colab
 - ``mgpu.assessment`` the assessment's fixed model, data hand-off, locked callbacks and targets table
-- ``mgpu.results``   each notebook's headline numbers (``build/results``) and figures
-- ``mgpu.plots``     the course's figures, one call each
-- ``mgpu.course``    executing the notebooks headless with papermill
-- ``mgpu.paths``     where the checkout, the build folder and its parts are
 """
 
 import os as _os

@@ -47,7 +47,7 @@ class Profile:
     """Where and how a submission is graded; every number is justified in :data:`PROFILES`."""
 
     name: str
-    dataset: str           # mgpu.data name of the images the grader hands out
+    dataset: str           # mgpu.runtime.data name of the images the grader hands out
     workers: int           # Horovod workers the notebook runs on
     train_images: int      # training images in the submission's data folder
     val_images: int        # validation images (cut from the training split, for the student)
@@ -125,7 +125,7 @@ def profile(name: str, workers: int, dataset: str | None = None) -> Profile:
 
 def reference_model(image_shape=(28, 28), num_classes: int = 10, seed: int = 0):
     """The assessment's fixed architecture: the course's small CNN (uint8 images in, logits out)."""
-    from mgpu import models
+    from mgpu.runtime import models
 
     return models.small_cnn(tuple(image_shape), num_classes, filters=(16, 32), dense=64, seed=seed)
 
@@ -171,8 +171,8 @@ def load_data(folder: str | os.PathLike):
 
 
 def prepare_practice_data(folder: str | os.PathLike, profile_name: str = "cpu", workers: int = 2) -> Path:
-    """For practice outside the grader: export the profile's data from :func:`mgpu.data.load`."""
-    from mgpu import data
+    """For practice outside the grader: export the profile's data from :func:`mgpu.runtime.data.load`."""
+    from mgpu.runtime import data
 
     row = profile(profile_name, workers)
     export_data(data.load(row.dataset, verbose=False), folder, row.train_images, row.val_images,
@@ -443,7 +443,7 @@ def protected_callbacks(output_dir, target_accuracy: float, time_budget_s: float
     Order matters: the stop rule reads ``val_accuracy`` after Horovod's metric averaging (put
     ``hvd.callbacks.MetricAverageCallback()`` before these), and the weights are saved last.
     """
-    from mgpu import callbacks
+    from mgpu.runtime import callbacks
 
     SaveEpochWeights, RunFacts = _callback_classes()
     clock = callbacks.TrainingClock()

@@ -70,7 +70,7 @@ fi
 
 # ---- 3. up to date? -----------------------------------------------------------------------------
 STAMP="$VENV/.mgpu-setup"
-want=$( { echo "$KIND $PYV"; cat "$REQ" scripts/setup.sh pyproject.toml mgpu/horovod_build.py patches/horovod-0.28.1/*.patch; } | sha256sum | cut -d' ' -f1)
+want=$( { echo "$KIND $PYV"; cat "$REQ" scripts/setup.sh pyproject.toml mgpu/runtime/horovod_build.py patches/horovod-0.28.1/*.patch; } | sha256sum | cut -d' ' -f1)
 check_build() {
   local out
   out=$("$VENV/bin/horovodrun" --check-build 2>&1) || return 1
@@ -110,14 +110,14 @@ pipq install --quiet --no-deps -e .
 pipq check >/dev/null || { pipq check >&2; fail "the installed packages conflict (listed above): remove $VENV and run 'make setup' again; if it persists, the pins in $REQ need fixing."; }
 
 # ---- 5. Horovod 0.28.1 from its sdist with the course's patches, against this TensorFlow ----------
-# mgpu.horovod_build keeps the built wheel in a cache keyed by Python, TensorFlow, kind and patches
+# mgpu.runtime.horovod_build keeps the built wheel in a cache keyed by Python, TensorFlow, kind and patches
 # (MGPU_WHEEL_CACHE, default ~/.cache/mgpu/wheels): a venv made again installs it in seconds.
 hvd_version=$("$VPY" -c 'import importlib.metadata as m; print(m.version("horovod"))' 2>/dev/null || true)
 if [ "$hvd_version" != "0.28.1" ] || [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$want" ] || ! check_build; then
   command -v g++ >/dev/null 2>&1 || command -v c++ >/dev/null 2>&1 \
     || fail "no C++ compiler: Horovod is built from source. Install one ('apt-get install build-essential', or 'conda install gxx_linux-64') and run 'make setup' again."
   command -v patch >/dev/null 2>&1 || fail "no 'patch' program: the course patches Horovod's source. Install it ('apt-get install patch') and run 'make setup' again."
-  "$VPY" -m mgpu.horovod_build --kind "$KIND" --log "$LOG_DIR/horovod-build.log" || fail "Horovod was not installed (the line above says why)."
+  "$VPY" -m mgpu.runtime.horovod_build --kind "$KIND" --log "$LOG_DIR/horovod-build.log" || fail "Horovod was not installed (the line above says why)."
 fi
 
 # ---- 6. verify ------------------------------------------------------------------------------------

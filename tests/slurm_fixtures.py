@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from mgpu.slurm_horovod import ACTIVE_STATES, cluster_script
+from mgpu.lesson10.slurm_horovod import ACTIVE_STATES, cluster_script
 
 script = cluster_script()  # scripts/slurm_cluster.py
 

@@ -1,4 +1,4 @@
-"""The simulated accelerator (mgpu.accelerator): real math, the device's time, the wait before the all-reduce.
+"""The simulated accelerator (mgpu.runtime.accelerator): real math, the device's time, the wait before the all-reduce.
 
 These tests check behaviour, not speed: a sleep never ends early, so "a step lasted at least the
 device's time" and "the all-reduce got the gradients only after it" hold on any machine.
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from mgpu import accelerator, launch
+from mgpu.runtime import accelerator, launch
 
 
 def test_profile_checks_its_numbers_and_travels_through_the_environment():
@@ -105,7 +105,7 @@ def _two_workers(step_s):
     """Each rank records when its gradients reached Horovod's all-reduce, relative to the step's start."""
     import horovod.tensorflow.keras as hvd
 
-    from mgpu import accelerator
+    from mgpu.runtime import accelerator
 
     hvd.init()
     model = _tiny(seed=hvd.rank())  # different starts: the broadcast must make them equal
@@ -149,7 +149,7 @@ def test_gradients_reach_the_all_reduce_only_after_the_device_time():
 def test_calibrate_times_the_workers_at_once():
     import functools
 
-    from mgpu import models
+    from mgpu.runtime import models
 
     profile = accelerator.calibrate(functools.partial(models.mlp, hidden=(32,)), (28, 28), 10, batch=32,
                                     workers=2, cores=2, steps=3, margin=2)

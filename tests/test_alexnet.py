@@ -3,8 +3,9 @@
 import numpy as np
 import tensorflow as tf
 
-from mgpu import alexnet, measure
-from mgpu.alexnet import MEAN, STD
+from mgpu.lesson03 import alexnet
+from mgpu.runtime import measure
+from mgpu.lesson03.alexnet import MEAN, STD
 
 
 def test_standard_alexnet_has_the_published_size():

@@ -3,7 +3,8 @@
 import numpy as np
 import pytest
 
-from mgpu import allreduce, launch
+from mgpu.lesson04 import allreduce
+from mgpu.runtime import launch
 
 
 @pytest.mark.parametrize("workers", [1, 2, 3, 4, 7])

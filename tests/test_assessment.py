@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from mgpu import assessment, data, launch
+from mgpu.runtime import data, launch
+from mgpu import assessment
 
 
 @pytest.fixture(scope="module")

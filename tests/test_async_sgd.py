@@ -17,7 +17,9 @@ import pytest
 import mgpu  # noqa: F401  (before TensorFlow)
 import tensorflow as tf
 
-from mgpu import allreduce, async_sgd, course, labs, launch
+from mgpu.lesson04 import allreduce
+from mgpu.lesson06 import async_sgd
+from mgpu.runtime import course, labs, launch
 
 TAG = "toy_parameter_server"
 
@@ -231,7 +233,7 @@ def test_weighted_uneven_split_equals_the_concatenated_batch_on_horovod_workers(
 
 def _children_running_ps_demo():
     return [p for p in psutil.Process().children(recursive=True)
-            if "mgpu.async_sgd" in " ".join(p.cmdline())]
+            if "mgpu.lesson06.async_sgd" in " ".join(p.cmdline())]
 
 
 @pytest.mark.slow

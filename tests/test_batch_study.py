@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from mgpu import batch_study as bs
+from mgpu.lesson02 import batch_study as bs
 
 BATCHES = 2.0 ** np.arange(2, 14)
 

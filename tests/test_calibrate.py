@@ -125,7 +125,7 @@ def test_cifar10_shaped_data_goes_through_the_hand_off_and_the_graders_measureme
     import tensorflow as tf
 
     from autograder import measure
-    from mgpu.data import Dataset
+    from mgpu.runtime.data import Dataset
 
     rng = np.random.default_rng(0)
     y = rng.integers(0, 10, 700).astype("uint8")

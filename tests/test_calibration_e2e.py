@@ -19,7 +19,7 @@ import pytest
 from autograder import calibrate, certificates, certify, cohort, practice, verify_page
 from autograder import course as course_mod
 from autograder import grade as grading
-from mgpu import data, synthetic
+from mgpu.runtime import data, synthetic
 from test_verify_page import CHROMIUM, _open, browser_root  # noqa: F401  (browser_root: a fixture)
 
 ROOT = Path(__file__).resolve().parents[1]

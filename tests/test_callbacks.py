@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from mgpu import callbacks
+from mgpu.runtime import callbacks
 
 
 def _tiny_model():

@@ -7,7 +7,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from mgpu import colab, course, paths
+from mgpu.runtime import colab, course, paths
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = course.course_notebooks()
@@ -29,7 +29,7 @@ def test_each_notebook_opens_with_its_badge_and_the_colab_cell(notebook):
     assert colab.badge(notebook.name) in parsed.cells[0].source
     commit = colab.pinned_commit(cell.source)
     assert commit is not None and cell.source == colab.first_cell(commit), \
-        "the first code cell is not the Colab cell: run `python -m mgpu.colab pin`"
+        "the first code cell is not the Colab cell: run `python -m mgpu.runtime.colab pin`"
     readme = (ROOT / "README.md").read_text()
     assert f"| `{notebook.stem}` {colab.badge(notebook.name)} |" in readme
 
@@ -49,7 +49,7 @@ def test_all_notebooks_pin_one_commit_whose_library_is_this_checkout():
     changed = subprocess.run(["git", "diff", "--name-only", commit, "--", *colab.LIBRARY], cwd=ROOT,
                              capture_output=True, text=True, check=True).stdout.split()
     assert changed == [], (f"Colab would run the library of {commit[:12]}, which differs here in {changed}: "
-                           "commit, then run `python -m mgpu.colab pin` and commit the notebooks")
+                           "commit, then run `python -m mgpu.runtime.colab pin` and commit the notebooks")
 
 
 def test_outside_colab_the_cell_does_nothing(monkeypatch):

@@ -25,7 +25,7 @@ from pathlib import Path
 import papermill
 import pytest
 
-from mgpu import colab, paths
+from mgpu.runtime import colab, paths
 
 pytestmark = pytest.mark.colab_rehearsal
 ROOT = Path(__file__).resolve().parents[1]

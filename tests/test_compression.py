@@ -1,4 +1,4 @@
-"""mgpu.compression and notebook 07's exercises: the 2-bit quantiser with error feedback, its codes packed
+"""mgpu.lesson07.compression and notebook 07's exercises: the 2-bit quantiser with error feedback, its codes packed
 four to a byte and all-gathered through Horovod, the wire log, and training with per-tensor reducers on
 real Horovod workers. The notebook's own solutions are taken from its cells."""
 
@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 import mgpu  # noqa: F401  (before tensorflow)
-from mgpu import compression, course, launch
+from mgpu.lesson07 import compression
+from mgpu.runtime import course, launch
 
 
 def _notebook_cells():

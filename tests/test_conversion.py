@@ -10,7 +10,8 @@ import re
 import numpy as np
 import pytest
 
-from mgpu import conversion, launch
+from mgpu.lesson04 import conversion
+from mgpu.runtime import launch
 
 STEPS = list(conversion.STEPS)
 
@@ -64,7 +65,7 @@ def test_mirrored_script_compiles():
 
 
 def test_small_resnet_shapes_and_seed():
-    from mgpu import models
+    from mgpu.runtime import models
 
     a = models.small_resnet((28, 28), 10, width=4, blocks=1, seed=3)
     b = models.small_resnet((28, 28), 10, width=4, blocks=1, seed=3)

@@ -1,9 +1,9 @@
-"""`python -m mgpu.course --check`: every notebook for every seed, failures carried on past and tabled."""
+"""`python -m mgpu.runtime.course --check`: every notebook for every seed, failures carried on past and tabled."""
 
 import nbformat
 import pytest
 
-from mgpu import course
+from mgpu.runtime import course
 
 
 def _notebook(path, body):

@@ -13,7 +13,7 @@ import tarfile
 import numpy as np
 import pytest
 
-from mgpu import data, download, synthetic
+from mgpu.runtime import data, download, synthetic
 
 
 @pytest.fixture(autouse=True)
@@ -105,7 +105,7 @@ def test_auto_uses_generated_data_when_nothing_is_cached(monkeypatch, tmp_path, 
     dataset = data.load("auto")
     out = capsys.readouterr().out
     assert dataset.name.startswith("synthetic") and not dataset.real
-    assert "Dataset: synthetic" in out and "python -m mgpu.data download fashion_mnist" in out
+    assert "Dataset: synthetic" in out and "python -m mgpu.runtime.data download fashion_mnist" in out
     assert not (data.cache_dir() / "fashion_mnist").exists()
 
 
@@ -129,7 +129,7 @@ def test_a_tampered_official_file_is_not_cached(monkeypatch, tmp_path):
     target = data.cache_dir() / "fashion_mnist" / "t10k-labels-idx1-ubyte.gz"
     target.write_bytes(b"not the labels")
     assert not data.is_cached("fashion_mnist")
-    with pytest.raises(data.DatasetUnavailable, match="python -m mgpu.data download fashion_mnist"):
+    with pytest.raises(data.DatasetUnavailable, match="python -m mgpu.runtime.data download fashion_mnist"):
         data.load_official("fashion_mnist", download_if_missing=False)
 
 

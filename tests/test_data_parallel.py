@@ -10,7 +10,7 @@ quarter and this test fails.
 import numpy as np
 import pytest
 
-from mgpu import launch
+from mgpu.runtime import launch
 
 pytestmark = pytest.mark.slow
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from mgpu import launch
+from mgpu.runtime import launch
 
 
 def test_each_local_rank_gets_its_own_gpu():

@@ -1,4 +1,4 @@
-"""Tests for mgpu.download.fetch against a local HTTP server on 127.0.0.1 (no internet needed)."""
+"""Tests for mgpu.runtime.download.fetch against a local HTTP server on 127.0.0.1 (no internet needed)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from mgpu.download import ChecksumError, DownloadError, fetch, sha256_file
+from mgpu.runtime.download import ChecksumError, DownloadError, fetch, sha256_file
 
 
 def _sha(data: bytes) -> str:

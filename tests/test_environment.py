@@ -9,7 +9,7 @@ from pathlib import Path
 
 import yaml
 
-from mgpu import hardware
+from mgpu.runtime import hardware
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -68,7 +68,7 @@ def test_the_installed_stack_is_the_one_for_this_python():
     stack = hardware.stack_for(platform.python_version())
     pins = requirement_pins("requirements.txt" if stack == "pinned" else "requirements-current.txt")
     if hardware.in_colab():  # Colab keeps its own TensorFlow, tf_keras, numpy and plotting libraries
-        from mgpu import colab
+        from mgpu.runtime import colab
 
         pins = {k: v for k, v in pins.items() if k not in colab.COLAB_PROVIDES or k == "horovod"}
     for name, version in pins.items():

@@ -1,4 +1,4 @@
-"""The labs' exercises: the learner's copy (mgpu.labs) hides every solution, each exercise has a
+"""The labs' exercises: the learner's copy (mgpu.runtime.labs) hides every solution, each exercise has a
 graded test cell after it, and each test cell passes the source's solution and rejects wrong ones.
 
 The pure-function exercises are run here as the learner runs them: the solution cell, then its
@@ -12,7 +12,7 @@ import nbformat
 import numpy as np
 import pytest
 
-from mgpu import course, labs
+from mgpu.runtime import course, labs
 
 NOTEBOOKS = {p.name[:2]: p for p in course.course_notebooks()}
 
@@ -226,7 +226,7 @@ def test_exercise_tests_pass_the_solution_and_reject_the_stub_and_wrong_answers(
 
 
 def test_10_cluster_command_exercise_accepts_the_solution_and_rejects_the_stub_and_wrong_commands(tmp_path):
-    from mgpu import multinode
+    from mgpu.lesson10 import multinode
 
     _, cells = _cells("10")
     notebook, _ = _cells("10")

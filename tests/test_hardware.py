@@ -1,6 +1,6 @@
 """The setup check's diagnosis: each problem is found and comes with its fix."""
 
-from mgpu import hardware
+from mgpu.runtime import hardware
 
 
 def _machine(**changes):
@@ -37,7 +37,7 @@ def test_gpu_profile_needs_nccl_but_not_a_gpu_per_worker():
     gpu = _machine(gpus=["GPU:0", "GPU:1"])
     found = hardware.problems(gpu, "gpu", 4)
     assert any("without NCCL" in p for p in found)
-    assert not any("workers" in p for p in found)  # 4 workers on 2 GPUs run on the CPU (mgpu.launch)
+    assert not any("workers" in p for p in found)  # 4 workers on 2 GPUs run on the CPU (mgpu.runtime.launch)
 
 
 def test_wrong_python_is_reported():

@@ -9,7 +9,7 @@ import tarfile
 
 import pytest
 
-from mgpu import horovod_build
+from mgpu.runtime import horovod_build
 
 
 def test_each_patch_says_what_it_fixes_before_its_diff():

@@ -15,7 +15,7 @@ must be those of the corrected update, and far from those of the uncorrected one
 import numpy as np
 import pytest
 
-from mgpu import launch
+from mgpu.runtime import launch
 
 pytestmark = pytest.mark.slow
 

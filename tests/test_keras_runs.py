@@ -2,7 +2,8 @@
 
 import numpy as np
 
-from mgpu import keras_runs, models
+from mgpu.lesson02 import keras_runs
+from mgpu.runtime import models
 
 
 def test_time_to_accuracy_splits_its_seconds(tmp_path, monkeypatch):

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from mgpu import launch
+from mgpu.runtime import launch
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
@@ -19,7 +19,7 @@ pytestmark = pytest.mark.slow
 
 def test_jupyterlab_serves_the_learners_copies_of_the_labs(tmp_path):
     lab_dir = tmp_path / "lab"
-    written = subprocess.run([sys.executable, "-m", "mgpu.labs", "--lab-dir", str(lab_dir)],
+    written = subprocess.run([sys.executable, "-m", "mgpu.runtime.labs", "--lab-dir", str(lab_dir)],
                              capture_output=True, text=True, cwd=ROOT)
     assert written.returncode == 0, written.stderr
     assert "exercise cell(s) to fill in" in written.stdout

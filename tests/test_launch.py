@@ -11,7 +11,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from mgpu import launch
+from mgpu.runtime import launch
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]
@@ -166,7 +166,7 @@ def test_ctrl_c_in_the_caller_leaves_no_workers(tmp_path):
         import sys
         sys.path.insert(0, {str(ROOT)!r})
         sys.path.insert(0, {str(Path(__file__).parent)!r})
-        from mgpu import launch
+        from mgpu.runtime import launch
         from test_launch import _record_pid_then
         launch.run(_record_pid_then, 2, args=({str(tmp_path)!r}, "hang-all"), verbose=False)
     """))

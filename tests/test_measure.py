@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from mgpu import measure
+from mgpu.runtime import measure
 
 
 class FakeClock:

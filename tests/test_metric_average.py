@@ -4,7 +4,7 @@
 import numpy as np
 import pytest
 
-from mgpu import launch
+from mgpu.runtime import launch
 
 pytestmark = pytest.mark.slow
 

@@ -1,4 +1,4 @@
-"""mgpu.model_parallel: micro-batches, GPipe's schedule and its bubble, the pipeline harness with
+"""mgpu.lesson09.model_parallel: micro-batches, GPipe's schedule and its bubble, the pipeline harness with
 real TensorFlow stages, and the same gradient three ways (one batch, accumulated micro-batches,
 real Horovod workers with an all-reduce)."""
 
@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 import mgpu  # noqa: F401  (before tensorflow)
-from mgpu import launch, model_parallel as mp
+from mgpu.lesson09 import model_parallel as mp
+from mgpu.runtime import launch
 
 
 # --------------------------------------------------------------------------------------------
@@ -278,7 +279,7 @@ def test_one_batch_accumulated_micro_batches_and_an_allreduce_give_the_same_grad
 def _tp_cells():
     import nbformat
 
-    from mgpu import course, labs
+    from mgpu.runtime import course, labs
 
     path = next(p for p in course.course_notebooks() if p.name.startswith("09_"))
     notebook = nbformat.read(path, as_version=4)

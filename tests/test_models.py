@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from mgpu import models, multimodel
+from mgpu.lesson02 import multimodel
+from mgpu.runtime import models
 
 
 def test_keras_builders_shapes_and_determinism():

@@ -3,7 +3,8 @@ two-node Horovod job on this machine's two names (localhost and 127.0.0.1)."""
 
 import pytest
 
-from mgpu import launch, multinode
+from mgpu.lesson10 import multinode
+from mgpu.runtime import launch
 
 
 def test_slots_follow_horovods_assignment_host_by_host():
@@ -90,7 +91,7 @@ def test_the_launcher_takes_only_this_machines_names():
 def test_the_launcher_takes_a_hostfile_like_the_hosts_flag(tmp_path):
     hostfile = multinode.write_hostfile(tmp_path / "hosts", {"localhost": 2, "127.0.0.1": 2})
     multinode.check_local_hosts(None, 4, hostfile=hostfile)
-    command = launch.horovodrun_command(4, ["python", "-m", "mgpu._worker", "job"], 60, hostfile=hostfile)
+    command = launch.horovodrun_command(4, ["python", "-m", "mgpu.runtime._worker", "job"], 60, hostfile=hostfile)
     assert command[command.index("--hostfile") + 1] == str(hostfile) and "-H" not in command
     assert multinode.dry_run(command).hostfile == str(hostfile)  # horovodrun's own parser takes it
     foreign = multinode.write_hostfile(tmp_path / "cluster", {"gpu1": 4})

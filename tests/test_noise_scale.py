@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from mgpu import noise_scale
+from mgpu.lesson02 import noise_scale
 
 
 def _gaussian_gradients(rng, mean, std, batch, pairs):

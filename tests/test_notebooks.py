@@ -8,7 +8,7 @@ import nbformat
 import papermill
 import pytest
 
-from mgpu import course
+from mgpu.runtime import course
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = course.course_notebooks()

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from mgpu import optimizers
+from mgpu.lesson05 import optimizers
 
 
 def _trust(numerator, denominator):
@@ -113,7 +113,7 @@ def _horovod_training(name):
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["LAMB", "LARS"])
 def test_they_work_under_horovods_distributed_optimizer(name):
-    from mgpu import launch
+    from mgpu.runtime import launch
 
     # Different data on each rank, averaged gradients: the ranks stay identical.
     assert launch.run(_horovod_training, 2, args=(name,), verbose=False).value < 1e-6

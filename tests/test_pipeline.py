@@ -10,7 +10,8 @@ import pytest
 import tensorflow as tf
 from PIL import Image
 
-from mgpu import accelerator, data, imagefolder, pipeline
+from mgpu.lesson03 import imagefolder, pipeline
+from mgpu.runtime import accelerator, data
 
 
 @pytest.fixture(scope="module")

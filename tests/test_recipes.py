@@ -15,8 +15,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from mgpu import callbacks, conversion, launch, recipes
-from mgpu.recipes import Recipe, Settings
+from mgpu.lesson04 import conversion
+from mgpu.lesson05 import recipes
+from mgpu.runtime import callbacks, launch
+from mgpu.lesson05.recipes import Recipe, Settings
 
 
 def test_scaling_rules():
@@ -89,7 +91,7 @@ def _rising(epoch):
 
 
 def test_recipes_on_two_workers_warm_up_stop_divergence_and_log_on_rank0(tmp_path):
-    from mgpu import accelerator
+    from mgpu.runtime import accelerator
 
     device = accelerator.Profile("test device", 1e-3, 1e-5)  # 16 ms per step of 16 images
     runs = launch.run(recipes.train_recipes, 2, args=(
@@ -186,7 +188,7 @@ def _exercise_like(broadcast: bool):
     """A training function with or without broadcast and gradient averaging (for worker_report)."""
     import horovod.tensorflow.keras as hvd
 
-    from mgpu import models
+    from mgpu.runtime import models
 
     hvd.init()
     rng = np.random.default_rng(hvd.rank())

@@ -1,8 +1,8 @@
-"""Reference GPU numbers (mgpu.reference): the copy in data/reference/ and the questions 03 asks of it."""
+"""Reference GPU numbers (mgpu.runtime.reference): the copy in data/reference/ and the questions 03 asks of it."""
 
 import pytest
 
-from mgpu import reference
+from mgpu.runtime import reference
 
 
 def test_the_reference_says_where_it_was_measured_and_holds_what_03_reads():

@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 
-from mgpu import results
+from mgpu.runtime import results
 
 
 class _FakeDataset:

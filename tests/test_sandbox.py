@@ -281,7 +281,7 @@ def _marked(proc, folder):
 
 HOROVOD_JOB = """
 import os, subprocess, sys
-from mgpu import launch
+from mgpu.runtime import launch
 
 def work(output_dir):
     import horovod.tensorflow as hvd
@@ -322,7 +322,7 @@ def test_horovod_workers_are_started_by_the_launch_service_as_their_own_user(tmp
 
 CPU_JOB = """
 import os, time
-from mgpu import launch
+from mgpu.runtime import launch
 
 def burn(seconds):
     start = time.process_time()

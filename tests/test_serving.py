@@ -1,4 +1,4 @@
-"""mgpu.serving: the load generator, latency statistics, the queueing model of batching, section 3's
+"""mgpu.lesson11: the load generator, latency statistics, the queueing model of batching, section 3's
 CPU-checkable pieces, and a real Triton server that starts, answers and stops leaving no process."""
 
 import functools
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import mgpu  # noqa: F401  (before tensorflow)
-from mgpu import serving
+from mgpu.lesson11 import batcher, half_precision, inference_server, loadgen, queueing
 
 
 # ---- the load generator
@@ -19,7 +19,7 @@ from mgpu import serving
 
 def test_poisson_arrivals_have_the_rate_count_and_exponential_gaps():
     rate, duration = 200.0, 50.0
-    times = serving.poisson_arrivals(rate, duration, np.random.default_rng(0))
+    times = loadgen.poisson_arrivals(rate, duration, np.random.default_rng(0))
     assert np.all(np.diff(times) > 0) and times[0] >= 0 and times[-1] < duration
     # The count is Poisson(10000): its standard deviation is 100.
     assert abs(len(times) - rate * duration) < 400
@@ -29,36 +29,36 @@ def test_poisson_arrivals_have_the_rate_count_and_exponential_gaps():
     assert 0.9 < gaps.std() / gaps.mean() < 1.1
     # Memoryless: about 1 - 1/e of the gaps are shorter than the mean.
     assert abs(np.mean(gaps < 1 / rate) - (1 - math.exp(-1))) < 0.03
-    again = serving.poisson_arrivals(rate, duration, np.random.default_rng(0))
+    again = loadgen.poisson_arrivals(rate, duration, np.random.default_rng(0))
     assert np.array_equal(times, again)
-    assert not np.array_equal(times[:50], serving.poisson_arrivals(rate, duration, np.random.default_rng(1))[:50])
+    assert not np.array_equal(times[:50], loadgen.poisson_arrivals(rate, duration, np.random.default_rng(1))[:50])
 
 
 def test_poisson_arrivals_rejects_nonsense():
     with pytest.raises(ValueError):
-        serving.poisson_arrivals(0, 1.0, np.random.default_rng(0))
+        loadgen.poisson_arrivals(0, 1.0, np.random.default_rng(0))
     with pytest.raises(ValueError):
-        serving.poisson_arrivals(10, -1.0, np.random.default_rng(0))
+        loadgen.poisson_arrivals(10, -1.0, np.random.default_rng(0))
 
 
 # ---- latency statistics
 
 
 def test_percentile_is_nearest_rank():
-    assert serving.percentile(range(1, 101), 99) == 99
-    assert serving.percentile(range(1, 101), 100) == 100
-    assert serving.percentile([4.0, 1.0, 3.0, 2.0], 50) == 2.0
-    assert serving.percentile([9.0], 99) == 9.0
-    assert serving.percentile([3.0, 1.0, 2.0], 99) == 3.0
+    assert loadgen.percentile(range(1, 101), 99) == 99
+    assert loadgen.percentile(range(1, 101), 100) == 100
+    assert loadgen.percentile([4.0, 1.0, 3.0, 2.0], 50) == 2.0
+    assert loadgen.percentile([9.0], 99) == 9.0
+    assert loadgen.percentile([3.0, 1.0, 2.0], 99) == 3.0
     with pytest.raises(ValueError):
-        serving.percentile([], 50)
+        loadgen.percentile([], 50)
     with pytest.raises(ValueError):
-        serving.percentile([1.0], 0)
+        loadgen.percentile([1.0], 0)
 
 
 def test_latency_stats():
     values = np.concatenate([np.ones(98), [10.0, 100.0]])
-    stats = serving.latency_stats(values)
+    stats = loadgen.latency_stats(values)
     assert stats == {"mean": pytest.approx(2.08), "p50": 1.0, "p99": 10.0, "max": 100.0, "count": 100}
 
 
@@ -70,28 +70,28 @@ A, C = 0.004, 0.001  # seconds per batch, seconds per request
 
 def test_lone_requests_pay_the_delay_and_one_batch_cost():
     arrivals = np.arange(5) * 1.0  # far apart: each finds the server idle and alone
-    without = serving.simulate_batching(arrivals, 0.0, (A, C), max_batch=1, overhead=0.0005)
+    without = queueing.simulate_batching(arrivals, 0.0, (A, C), max_batch=1, overhead=0.0005)
     assert np.allclose(without.latencies, A + C + 0.0005)
-    waiting = serving.simulate_batching(arrivals, 0.010, (A, C))
+    waiting = queueing.simulate_batching(arrivals, 0.010, (A, C))
     assert np.allclose(waiting.latencies, 0.010 + A + C)
     assert list(waiting.batch_sizes) == [1] * 5
 
 
 def test_a_delay_gathers_the_requests_that_arrive_during_it():
     arrivals = np.array([0.0, 0.001, 0.002, 0.5])
-    run = serving.simulate_batching(arrivals, 0.005, (A, C))
+    run = queueing.simulate_batching(arrivals, 0.005, (A, C))
     assert list(run.batch_sizes) == [3, 1]
     end = 0.005 + A + 3 * C
     assert np.allclose(run.latencies[:3], end - arrivals[:3])
     # Without a delay the first runs alone, and the next two wait for it, then go together.
-    greedy = serving.simulate_batching(arrivals, 0.0, (A, C))
+    greedy = queueing.simulate_batching(arrivals, 0.0, (A, C))
     assert list(greedy.batch_sizes) == [1, 2, 1]
     assert np.isclose(greedy.latencies[1], (A + C) + (A + 2 * C) - 0.001)
 
 
 def test_a_full_batch_starts_before_the_delay_and_batches_never_exceed_the_maximum():
     arrivals = np.linspace(0, 0.001, 10)
-    run = serving.simulate_batching(arrivals, 1.0, (A, C), max_batch=4)
+    run = queueing.simulate_batching(arrivals, 1.0, (A, C), max_batch=4)
     assert list(run.batch_sizes) == [4, 4, 2]
     assert run.latencies[3] == pytest.approx(A + 4 * C)  # the fourth filled the batch: it did not wait
     assert run.latencies[-1] > 1.0  # the last two waited for the delay
@@ -101,17 +101,17 @@ def test_without_batching_the_model_is_the_md1_queue():
     # Pollaczek-Khinchine for deterministic service S at load rho: mean time in system S + rho S / (2 (1 - rho)).
     service, rate = 0.004, 150.0
     rho = rate * service
-    arrivals = serving.poisson_arrivals(rate, 2000.0, np.random.default_rng(3))
-    run = serving.simulate_batching(arrivals, 0.0, (service, 0.0), max_batch=1)
+    arrivals = loadgen.poisson_arrivals(rate, 2000.0, np.random.default_rng(3))
+    run = queueing.simulate_batching(arrivals, 0.0, (service, 0.0), max_batch=1)
     expected = service + rho * service / (2 * (1 - rho))
     assert math.isclose(run.latencies.mean(), expected, rel_tol=0.03)
     assert math.isclose(run.throughput, rate, rel_tol=0.03)
 
 
 def test_batching_keeps_up_where_one_at_a_time_cannot():
-    arrivals = serving.poisson_arrivals(400.0, 20.0, np.random.default_rng(4))  # 1.6x one-at-a-time capacity
-    alone = serving.simulate_batching(arrivals, 0.0, (A, C), max_batch=1)
-    batched = serving.simulate_batching(arrivals, 0.002, (A, C))
+    arrivals = loadgen.poisson_arrivals(400.0, 20.0, np.random.default_rng(4))  # 1.6x one-at-a-time capacity
+    alone = queueing.simulate_batching(arrivals, 0.0, (A, C), max_batch=1)
+    batched = queueing.simulate_batching(arrivals, 0.002, (A, C))
     assert alone.throughput < 1 / (A + C) * 1.01
     assert batched.throughput > 390
     assert batched.latencies.mean() < 0.05 < alone.latencies.mean()
@@ -120,30 +120,30 @@ def test_batching_keeps_up_where_one_at_a_time_cannot():
 
 def test_simulate_batching_rejects_unordered_arrivals():
     with pytest.raises(ValueError):
-        serving.simulate_batching([0.0, 1.0, 0.5], 0.0, (A, C))
+        queueing.simulate_batching([0.0, 1.0, 0.5], 0.0, (A, C))
 
 
 def test_fit_batch_cost_recovers_a_line():
     sizes = [1, 8, 32, 64]
-    a, c = serving.fit_batch_cost(sizes, [0.003 + 0.0002 * b for b in sizes])
+    a, c = queueing.fit_batch_cost(sizes, [0.003 + 0.0002 * b for b in sizes])
     assert a == pytest.approx(0.003) and c == pytest.approx(0.0002)
     with pytest.raises(ValueError):
-        serving.fit_batch_cost([4, 4], [1.0, 1.0])
+        queueing.fit_batch_cost([4, 4], [1.0, 1.0])
 
 
 # ---- section 3, the parts a CPU can check
 
 
 def test_tensor_core_sizes_pair_each_multiple_of_8_with_its_neighbour():
-    assert serving.tensor_core_sizes([1024, 64]) == [(1024, True), (1023, False), (64, True), (63, False)]
+    assert half_precision.tensor_core_sizes([1024, 64]) == [(1024, True), (1023, False), (64, True), (63, False)]
     with pytest.raises(ValueError):
-        serving.tensor_core_sizes([1000 + 1])
+        half_precision.tensor_core_sizes([1000 + 1])
 
 
 def test_loss_scaled_scales_the_loss_and_unscales_the_gradients():
     import tensorflow as tf
 
-    wrapped = serving.loss_scaled(tf.keras.optimizers.SGD(0.1))
+    wrapped = half_precision.loss_scaled(tf.keras.optimizers.SGD(0.1))
     assert isinstance(wrapped, tf.keras.mixed_precision.LossScaleOptimizer) and wrapped.dynamic
     scale = float(wrapped.loss_scale)
     assert scale > 1
@@ -189,7 +189,7 @@ def _greedy_loop(requests, model, max_batch, max_delay):
 @pytest.mark.parametrize("wait_for_answers", [True, False])
 def test_serve_in_threads_answers_every_row_and_counts_the_batches(wait_for_answers):
     rows = np.arange(40 * 4).reshape(40, 4)
-    run = serving.serve_in_threads(_greedy_loop, _toy_model, rows, clients=4, max_batch=8, max_delay=0.0,
+    run = batcher.serve_in_threads(_greedy_loop, _toy_model, rows, clients=4, max_batch=8, max_delay=0.0,
                                    wait_for_answers=wait_for_answers)
     assert all(np.array_equal(a, _toy_model(r[None])[0]) for a, r in zip(run.answers, rows))
     assert sum(run.batch_sizes) == 40 and max(run.batch_sizes) <= 8
@@ -207,16 +207,16 @@ def test_serve_in_threads_raises_the_loops_error_and_never_hangs():
         requests.get()  # takes one request and returns without answering it
 
     with pytest.raises(ValueError, match="broken loop"):
-        serving.serve_in_threads(broken, _toy_model, rows, clients=2, max_batch=4, max_delay=0.0)
+        batcher.serve_in_threads(broken, _toy_model, rows, clients=2, max_batch=4, max_delay=0.0)
     with pytest.raises(RuntimeError, match="stopped while a request waited"):
-        serving.serve_in_threads(gives_up, _toy_model, rows, clients=2, max_batch=4, max_delay=0.0, timeout=5.0)
+        batcher.serve_in_threads(gives_up, _toy_model, rows, clients=2, max_batch=4, max_delay=0.0, timeout=5.0)
 
 
 @functools.lru_cache(maxsize=1)
 def _exercise_cells():
     import nbformat
 
-    from mgpu import course, labs
+    from mgpu.runtime import course, labs
 
     path = next(p for p in course.course_notebooks() if p.name.startswith("11_"))
     notebook = nbformat.read(path, as_version=4)
@@ -291,7 +291,7 @@ def saved_model(tmp_path_factory):
 
 
 def _backend(name):
-    reason = {"triton": serving.triton_unavailable_reason, "ray": serving.ray_unavailable_reason}[name]()
+    reason = {"triton": inference_server.triton_unavailable_reason, "ray": inference_server.ray_unavailable_reason}[name]()
     return pytest.param(name, marks=pytest.mark.skipif(reason is not None, reason=str(reason)), id=name)
 
 
@@ -301,7 +301,7 @@ BACKENDS = [_backend("triton"), _backend("ray")]
 def test_triton_unavailable_reason_names_what_is_missing():
     import importlib.util
 
-    reason = serving.triton_unavailable_reason()
+    reason = inference_server.triton_unavailable_reason()
     if int(np.__version__.split(".")[0]) >= 2:
         assert "NumPy" in reason
     elif importlib.util.find_spec("pytriton") is None:
@@ -311,25 +311,25 @@ def test_triton_unavailable_reason_names_what_is_missing():
 
 
 def test_the_server_is_triton_where_it_runs_and_ray_serve_elsewhere(monkeypatch):
-    monkeypatch.setattr(serving, "triton_unavailable_reason", lambda: None)
-    assert serving.pick_backend()[0] == "triton"
-    monkeypatch.setattr(serving, "triton_unavailable_reason", lambda: "NumPy 2")
-    monkeypatch.setattr(serving, "ray_unavailable_reason", lambda: None)
-    backend, why = serving.pick_backend()
+    monkeypatch.setattr(inference_server, "triton_unavailable_reason", lambda: None)
+    assert inference_server.pick_backend()[0] == "triton"
+    monkeypatch.setattr(inference_server, "triton_unavailable_reason", lambda: "NumPy 2")
+    monkeypatch.setattr(inference_server, "ray_unavailable_reason", lambda: None)
+    backend, why = inference_server.pick_backend()
     assert backend == "ray" and "NumPy 2" in why and "@serve.batch" in why
-    monkeypatch.setattr(serving, "ray_unavailable_reason", lambda: "Ray Serve is not installed (pip install ...)")
-    backend, why = serving.pick_backend()
+    monkeypatch.setattr(inference_server, "ray_unavailable_reason", lambda: "Ray Serve is not installed (pip install ...)")
+    backend, why = inference_server.pick_backend()
     assert backend is None and "NumPy 2" in why and "pip install" in why
-    assert serving.pick_backend("ray") == (None, "Ray Serve is not installed (pip install ...)")
+    assert inference_server.pick_backend("ray") == (None, "Ray Serve is not installed (pip install ...)")
     with pytest.raises(ValueError, match="'auto', 'triton' or 'ray'"):
-        serving.pick_backend("tensorflow-serving")
+        inference_server.pick_backend("tensorflow-serving")
 
 
 def test_a_server_that_can_run_nowhere_says_why_before_starting(monkeypatch, tmp_path):
-    monkeypatch.setattr(serving, "triton_unavailable_reason", lambda: "no Triton here")
-    monkeypatch.setattr(serving, "ray_unavailable_reason", lambda: "no Ray here")
-    server = serving.InferenceServer(tmp_path / "model.keras")
-    with pytest.raises(serving.ServerError, match="no Triton here.*no Ray here"):
+    monkeypatch.setattr(inference_server, "triton_unavailable_reason", lambda: "no Triton here")
+    monkeypatch.setattr(inference_server, "ray_unavailable_reason", lambda: "no Ray here")
+    server = inference_server.InferenceServer(tmp_path / "model.keras")
+    with pytest.raises(inference_server.ServerError, match="no Triton here.*no Ray here"):
         server.start()
     assert server._process is None
 
@@ -343,38 +343,38 @@ def _pytriton_blocks(pid):
 def test_a_real_server_answers_batches_and_stops_leaving_no_process(saved_model, tmp_path, backend):
     path, model = saved_model
     x = np.random.default_rng(0).normal(size=(16, 6)).astype("float32")
-    server = serving.InferenceServer(path, delays_ms=[0.0, 5.0], max_batch=8, log_path=tmp_path / "server.log",
+    server = inference_server.InferenceServer(path, delays_ms=[0.0, 5.0], max_batch=8, log_path=tmp_path / "server.log",
                                      backend=backend)
     with server:
         child = server._process.pid
         pids = server.pids()
         assert len(pids) >= 3  # the child and Triton with a stub per model, or Ray's daemons and actors
-        assert np.allclose(serving.infer(server.url, serving.model_name(5.0), x[:4]), model(x[:4]).numpy(), atol=1e-5)
+        assert np.allclose(loadgen.infer(server.url, inference_server.model_name(5.0), x[:4]), model(x[:4]).numpy(), atol=1e-5)
         before = server.stats()
         # 24 requests in 24 ms to the 5 ms batcher: it must gather several into each batch.
-        run = serving.send_load(server.url, serving.model_name(5.0), np.linspace(0, 0.024, 24), x)
+        run = loadgen.send_load(server.url, inference_server.model_name(5.0), np.linspace(0, 0.024, 24), x)
         after = server.stats()
         assert run.errors == 0 and len(run.latencies) == 24 and np.all(run.latencies > 0)
-        batches, answered = serving.batches_between(before, after, serving.model_name(5.0))
+        batches, answered = inference_server.batches_between(before, after, inference_server.model_name(5.0))
         assert answered == 24 and batches < 24
-        assert sum(count * size for size, (count, _) in after[serving.model_name(5.0)]["by_batch_size"].items()
-                   ) == after[serving.model_name(5.0)]["requests"]
-        alone = serving.send_load(server.url, serving.NO_BATCHING, np.linspace(0, 0.01, 5), x)
+        assert sum(count * size for size, (count, _) in after[inference_server.model_name(5.0)]["by_batch_size"].items()
+                   ) == after[inference_server.model_name(5.0)]["requests"]
+        alone = loadgen.send_load(server.url, inference_server.NO_BATCHING, np.linspace(0, 0.01, 5), x)
         assert alone.errors == 0
-        assert serving.batches_between(after, server.stats(), serving.NO_BATCHING) == (5, 5)
-        assert serving.busy_seconds(before, after, serving.model_name(5.0)) > 0
-        missing = serving.send_load(server.url, "delay_7000us", np.zeros(2), x)  # a name the server does not have
+        assert inference_server.batches_between(after, server.stats(), inference_server.NO_BATCHING) == (5, 5)
+        assert inference_server.busy_seconds(before, after, inference_server.model_name(5.0)) > 0
+        missing = loadgen.send_load(server.url, "delay_7000us", np.zeros(2), x)  # a name the server does not have
         assert missing.errors == 2 and missing.unanswered == 0
         right = model(x).numpy()
-        checked = serving.send_load(server.url, serving.model_name(5.0), np.linspace(0, 0.01, 8), x, expected=right)
+        checked = loadgen.send_load(server.url, inference_server.model_name(5.0), np.linspace(0, 0.01, 8), x, expected=right)
         assert (checked.errors, checked.unanswered, len(checked.latencies)) == (0, 0, 8)
-        wrong = serving.send_load(server.url, serving.model_name(0.0), np.zeros(3), x, expected=right + 1)
+        wrong = loadgen.send_load(server.url, inference_server.model_name(0.0), np.zeros(3), x, expected=right + 1)
         assert (wrong.errors, wrong.unanswered) == (3, 0), "an answer that differs from the model's is an error"
-        late = serving.send_load(server.url, serving.model_name(5.0), np.zeros(1), x, timeout=0.002)  # waits 5 ms
+        late = loadgen.send_load(server.url, inference_server.model_name(5.0), np.zeros(1), x, timeout=0.002)  # waits 5 ms
         assert (late.errors, late.unanswered, len(late.latencies)) == (0, 1, 0), "no answer in time: unanswered"
-        speed = serving.burst_capacity(server.url, [serving.NO_BATCHING, serving.model_name(0.0)], 8, x, rounds=2)
-        assert set(speed) == {serving.NO_BATCHING, serving.model_name(0.0)} and all(v > 0 for v in speed.values())
-    assert serving.alive(pids) == []
+        speed = loadgen.burst_capacity(server.url, [inference_server.NO_BATCHING, inference_server.model_name(0.0)], 8, x, rounds=2)
+        assert set(speed) == {inference_server.NO_BATCHING, inference_server.model_name(0.0)} and all(v > 0 for v in speed.values())
+    assert inference_server.alive(pids) == []
     assert not _pytriton_blocks(child)
     assert "serving" in (tmp_path / "server.log").read_text()
     assert server._workdir is None or not Path(server._workdir).exists()
@@ -384,18 +384,18 @@ def test_a_real_server_answers_batches_and_stops_leaving_no_process(saved_model,
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_a_server_whose_child_dies_still_leaves_no_process(saved_model, backend):
     path, _ = saved_model
-    server = serving.InferenceServer(path, delays_ms=[0.0], backend=backend)
+    server = inference_server.InferenceServer(path, delays_ms=[0.0], backend=backend)
     with server:
         pids = server.pids()
         os.kill(server._process.pid, signal.SIGKILL)  # the server's own processes are orphaned
-    assert serving.alive(pids) == []
+    assert inference_server.alive(pids) == []
     assert server._workdir is None or not Path(server._workdir).exists()
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_a_server_that_cannot_start_raises_with_its_log_and_leaves_nothing(tmp_path, backend):
-    server = serving.InferenceServer(tmp_path / "missing.keras", delays_ms=[0.0], backend=backend)
-    with pytest.raises(serving.ServerError, match="exited with code"):
+    server = inference_server.InferenceServer(tmp_path / "missing.keras", delays_ms=[0.0], backend=backend)
+    with pytest.raises(inference_server.ServerError, match="exited with code"):
         server.start()
-    assert serving.alive(server.pids()) == []
+    assert inference_server.alive(server.pids()) == []

@@ -1,9 +1,9 @@
-"""mgpu.sgd on small problems: every expectation comes from theory, not from a recorded run."""
+"""mgpu.lesson01.sgd on small problems: every expectation comes from theory, not from a recorded run."""
 
 import numpy as np
 import pytest
 
-from mgpu import sgd
+from mgpu.lesson01 import sgd
 
 
 def _data(n=512, seed=0):

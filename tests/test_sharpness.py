@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from mgpu import sharpness
+from mgpu.lesson02 import sharpness
 
 
 def _quadratic(curvature, centre, floor):
@@ -65,7 +65,7 @@ def test_line_points():
 
 
 def test_mlp_objective_matches_the_batched_loss_and_finite_differences():
-    from mgpu import multimodel
+    from mgpu.lesson02 import multimodel
 
     rng = np.random.default_rng(0)
     x = rng.standard_normal((40, 6)).astype(np.float32)

@@ -1,4 +1,4 @@
-"""mgpu.slurm_horovod: a Horovod job inside a Slurm allocation, started by srun without ssh and without
+"""mgpu.lesson10.slurm_horovod: a Horovod job inside a Slurm allocation, started by srun without ssh and without
 MPI. The pieces against Horovod's own launcher (the variables each Gloo worker gets, the plan), then
 a real job of 2 nodes x 2 tasks on the course's test cluster: every rank trains from its own random
 start, ends with rank 0's weights exactly, sits where Horovod's plan puts it, and nothing of the job
@@ -13,7 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mgpu import launch, multinode, slurm_horovod
+from mgpu.lesson10 import multinode, slurm_horovod
+from mgpu.runtime import launch
 
 
 def _report(capsys, line: str) -> None:
@@ -81,7 +82,7 @@ def test_the_batch_script_is_valid_bash_and_starts_the_rendezvous_before_srun():
     for line in ["#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=4", "#SBATCH --gres=gpu:4",
                  "#SBATCH --time=00:20:00", "#SBATCH --output=out/%j.txt"]:
         assert line + "\n" in script
-    assert script.index("mgpu.slurm_horovod rendezvous") < script.index("srun --kill-on-bad-exit=1")
+    assert script.index("mgpu.lesson10.slurm_horovod rendezvous") < script.index("srun --kill-on-bad-exit=1")
     assert script.rstrip().endswith('task "$hosts" "$address" "$port" -- python train.py --epochs 2')
     assert "ssh" not in script and "mpi" not in script.lower()
     assert "--gres" not in slurm_horovod.batch_script(["python", "t.py"], nodes=1, tasks_per_node=1)

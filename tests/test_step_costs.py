@@ -5,7 +5,8 @@ import math
 import numpy as np
 import pytest
 
-from mgpu import allreduce, launch, step_costs
+from mgpu.lesson04 import allreduce, step_costs
+from mgpu.runtime import launch
 
 pytestmark = pytest.mark.slow
 

@@ -1,4 +1,4 @@
-"""Tests for mgpu.synthetic, the offline default dataset."""
+"""Tests for mgpu.runtime.synthetic, the offline default dataset."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import pytest
 
-from mgpu import synthetic
+from mgpu.runtime import synthetic
 
 N_TRAIN, N_TEST = 3000, 1000  # small splits keep the file fast
 

@@ -1,8 +1,8 @@
-"""mgpu.tables: a notebook's table as a value, aligned as text and drawn as HTML."""
+"""mgpu.runtime.tables: a notebook's table as a value, aligned as text and drawn as HTML."""
 
 import pytest
 
-from mgpu.tables import Table
+from mgpu.runtime.tables import Table
 
 
 def test_columns_keep_first_seen_order_formats_apply_and_missing_values_are_dashes():

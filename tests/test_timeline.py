@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from mgpu import timeline
+from mgpu.runtime import timeline
 
 
 def _trace():

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from nbgrader.preprocessors import ClearSolutions
 
-from mgpu import launch
+from mgpu.runtime import launch
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 

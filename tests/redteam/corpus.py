@@ -270,7 +270,7 @@ def test_split_reached_for(context):
     notebook = context.notebook("quick")
     _prepend(notebook, '''
 import os
-from mgpu import data, paths, synthetic
+from mgpu.runtime import data, paths, synthetic
 print("data folder holds:", sorted(os.listdir(data_dir)))
 print("data cache visible:", sorted(os.listdir(paths.ROOT / "data" / "cache")) if (paths.ROOT / "data" / "cache").exists() else [])
 try:

@@ -19,7 +19,7 @@ import pytest
 
 from autograder import certificates, sandbox
 from autograder import course as course_mod
-from mgpu import paths
+from mgpu.runtime import paths
 
 import corpus
 

@@ -1,0 +1,91 @@
+"""Notebook 03's figures, one call each; every figure is also saved to ``build/figures/``."""
+
+from __future__ import annotations
+
+import os
+
+import matplotlib.pyplot as plt
+import numpy as np
+
+from mgpu.runtime.plotting import finish_log_log
+from mgpu.runtime.results import save_figure
+
+
+def show_jpegs(folder, count: int = 6, name: str = "03_jpeg_examples"):
+    """A few of the generated JPEG files at their stored size, with their pixel size and bytes."""
+    fig, axes = plt.subplots(1, count, figsize=(2.2 * count, 2.6))
+    from PIL import Image
+
+    for ax, path, relative in zip(axes, folder.paths(), folder.files):
+        with Image.open(path) as picture:
+            image = np.asarray(picture.convert("RGB"))
+        ax.imshow(image)
+        ax.set_title(f"{image.shape[1]}x{image.shape[0]}\n{os.path.getsize(path) / 1024:.0f} KiB", fontsize=8)
+        ax.set_xlabel(relative.split("/")[1].split("_", 1)[1], fontsize=8)
+        ax.set_xticks([])
+        ax.set_yticks([])
+    fig.suptitle("The JPEG files the pipelines read", fontsize=10)
+    fig.tight_layout()
+    save_figure(fig, name)
+    return fig
+
+
+def pipeline_stages(results, name: str = "03_pipeline_stages", ceiling_label: str = "float32 model's compute ceiling"):
+    """Images/s per stage: the pipeline alone, training fed by it, and the compute ceiling (``ceiling_label``
+    names it: the modelled device, where the stages were timed on one)."""
+    shown = [r for r in results if r.train_rate is not None]
+    labels = [r.stage.summary for r in shown]
+    y = np.arange(len(shown))
+    fig, ax = plt.subplots(figsize=(9, 0.55 * len(shown) + 1.6))
+    ax.barh(y + 0.2, [r.pipeline_rate for r in shown], height=0.38, color="tab:gray",
+            label="pipeline alone (no training)")
+    ax.barh(y - 0.2, [r.train_rate for r in shown], height=0.38, color="tab:blue", label="training fed by it")
+    # The float32 model's ceiling (timed beside every stage; a stage that changes the model times it as well).
+    ceiling = float(np.median([r.reference_rate if r.reference_rate is not None else r.ceiling_rate for r in shown]))
+    ax.axvline(ceiling, color="tab:red", linestyle="--",
+               label=f"{ceiling_label}, median over the stages ({ceiling:,.0f}/s)")
+    for yi, r in zip(y, shown):
+        ax.text(r.train_rate, yi - 0.2, f" {r.fraction_of_reference:.2f}x", va="center", fontsize=8)
+    ax.set_yticks(y, labels, fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xscale("log")
+    ax.set_xlabel("images per second (log scale)")
+    ax.set_title("Each stage of the input pipeline against the compute ceiling\n"
+                 f"(x: training over the {ceiling_label} of each stage)", fontsize=10)
+    ax.legend(fontsize=8, loc="lower right")
+    ax.grid(axis="x", alpha=0.3)
+    fig.tight_layout()
+    save_figure(fig, name)
+    return fig
+
+
+def models_vs_pipelines(results, ceilings: dict, name: str = "03_models_vs_pipelines"):
+    """Pipeline-alone rates per stage against the images/s each model needs (its ceiling)."""
+    shown = [r for r in results if r.pipeline_rate is not None]
+    fig, ax = plt.subplots(figsize=(9, 3.8))
+    x = np.arange(len(shown))
+    ax.plot(x, [r.pipeline_rate for r in shown], "o-", color="tab:gray", label="what the pipeline delivers")
+    for (label, ceiling), colour in zip(ceilings.items(), ("tab:red", "tab:purple", "tab:green")):
+        ax.axhline(ceiling, color=colour, linestyle="--", label=f"{label} needs {ceiling:,.0f}/s")
+    ax.set_xticks(x, [r.stage.name for r in shown], rotation=30, ha="right", fontsize=8)
+    ax.set_yscale("log")
+    ax.set_ylabel("images per second (log scale)")
+    ax.set_title("Below a model's line, the pipeline starves it", fontsize=10)
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    save_figure(fig, name)
+    return fig
+
+
+def call_overhead(table: dict, name: str = "03_call_overhead"):
+    """Seconds per training call against batch size, one line per device and model width."""
+    fig, ax = plt.subplots(figsize=(7, 4))
+    styles = {0: "-", 1: "--"}
+    for d, (device, widths) in enumerate(table.items()):
+        for width, row in widths.items():
+            batches = sorted(row)
+            ax.plot(batches, [row[b] * 1e3 for b in batches], styles.get(d, ":"), marker="o",
+                    label=f"{device}, Dense({width})")
+    return finish_log_log(fig, ax, name, "batch size (samples per call)", "milliseconds per training call",
+                           "Tiny models: a fixed cost per call dominates")

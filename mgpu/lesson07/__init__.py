@@ -1,0 +1,4 @@
+"""Notebook 07's helpers (``notebooks/07_*.ipynb``).
+
+- ``compression`` notebook 07's 2-bit packing, byte counts, training with per-tensor compressors
+"""

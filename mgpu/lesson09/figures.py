@@ -1,0 +1,85 @@
+"""Notebook 09's figures, one call each; every figure is also saved to ``build/figures/``."""
+
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+import numpy as np
+
+from mgpu.runtime.results import save_figure
+
+
+def pipeline_bubble(timelines: dict, sweep: list, name: str = "09_pipeline_bubble"):
+    """Measured pipeline schedules and the bubble against the number of micro-batches.
+
+    ``timelines`` maps a panel title to ``(stages, intervals)``, each interval a
+    ``(stage, kind, micro_batch, start_s, end_s)`` tuple (kind "F" or "B"); ``sweep`` holds dicts with
+    ``stages``, ``micro_batches`` and the measured ``idle`` fraction. The last panel draws the measured
+    idle fractions as points and GPipe's (N - 1)/(M + N - 1) as lines, one colour per N.
+    """
+    fig, axes = plt.subplots(1, len(timelines) + 1, figsize=(4.6 * (len(timelines) + 1), 3.4),
+                             gridspec_kw={"width_ratios": [1.3] * len(timelines) + [1]})
+    for ax, (title, (stages, intervals)) in zip(axes, timelines.items()):
+        start = min(i[3] for i in intervals)
+        for stage, kind, micro, t0, t1 in intervals:
+            colour = plt.cm.Blues(0.35 + 0.5 * (micro % 4) / 3) if kind == "F" else plt.cm.Oranges(0.35 + 0.5 * (micro % 4) / 3)
+            ax.barh(stage, (t1 - t0) * 1e3, left=(t0 - start) * 1e3, height=0.7, color=colour, edgecolor="black", linewidth=0.3)
+        ax.set_yticks(range(stages), [f"stage {s}" for s in range(stages)])
+        ax.invert_yaxis()
+        ax.set_xlabel("milliseconds since the step began")
+        ax.set_title(title, fontsize=9)
+    from matplotlib.patches import Patch
+
+    axes[0].legend(handles=[Patch(color=plt.cm.Blues(0.6), label="forward"),
+                            Patch(color=plt.cm.Oranges(0.6), label="backward (recomputes the forward)")],
+                   fontsize=7, loc="lower right")
+    ax = axes[-1]
+    for i, n in enumerate(sorted({r["stages"] for r in sweep})):
+        rows = sorted((r for r in sweep if r["stages"] == n), key=lambda r: r["micro_batches"])
+        m = np.array([r["micro_batches"] for r in rows])
+        grid = np.geomspace(m.min(), m.max(), 100)
+        ax.plot(grid, (n - 1) / (grid + n - 1), color=f"C{i}", lw=1.2, label=f"N = {n}: (N-1)/(M+N-1)")
+        ax.plot(m, [r["idle"] for r in rows], "o", color=f"C{i}", label=f"N = {n}: measured")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(m, [str(v) for v in m])
+    ax.set_ylim(0, 1)
+    ax.set_xlabel("micro-batches M")
+    ax.set_ylabel("idle fraction of the devices")
+    ax.set_title("Measured idle fraction (points), GPipe's bubble (lines)", fontsize=9)
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    save_figure(fig, name)
+    return fig
+
+
+def hybrid_parallelism(replicas: int, stages: int, micro_batches: int, name: str = "09_hybrid_parallelism"):
+    """Hybrid data + pipeline parallelism: a grid of replicas x stages devices, with what flows where."""
+    from matplotlib.patches import FancyArrowPatch, Rectangle
+
+    fig, ax = plt.subplots(figsize=(1.9 * replicas + 2.2, 1.1 * stages + 1.4))
+    for r in range(replicas):
+        for s in range(stages):
+            x, y = 1.9 * r, -1.1 * s
+            ax.add_patch(Rectangle((x, y), 1.3, 0.7, facecolor=plt.cm.tab10(s % 10), alpha=0.35, edgecolor="black"))
+            ax.text(x + 0.65, y + 0.35, f"device {r * stages + s}\nstage {s}", ha="center", va="center", fontsize=7)
+            if s + 1 < stages:
+                ax.add_patch(FancyArrowPatch((x + 0.45, y), (x + 0.45, y - 0.4), arrowstyle="-|>", mutation_scale=8,
+                                             color="tab:blue"))
+                ax.add_patch(FancyArrowPatch((x + 0.85, y - 0.4), (x + 0.85, y), arrowstyle="-|>", mutation_scale=8,
+                                             color="tab:orange"))
+        ax.text(1.9 * r + 0.65, 0.95, f"replica {r}\n1/{replicas} of the batch,\n{micro_batches} micro-batches",
+                ha="center", va="bottom", fontsize=7)
+    for s in range(stages):
+        y = -1.1 * s + 0.35
+        ax.plot([1.3, 1.9 * (replicas - 1)], [y, y], color="tab:red", ls="--", lw=1)
+    ax.plot([], [], color="tab:blue", label="activations (forward)")
+    ax.plot([], [], color="tab:orange", label="their gradients (backward)")
+    ax.plot([], [], color="tab:red", ls="--", label="all-reduce of one stage's gradients")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    ax.set_xlim(-0.2, 1.9 * replicas)
+    ax.set_ylim(-1.1 * stages + 0.9, 1.7)
+    ax.axis("off")
+    ax.set_title(f"{replicas} replicas x {stages} pipeline stages = {replicas * stages} devices", fontsize=9)
+    fig.tight_layout()
+    save_figure(fig, name)
+    return fig

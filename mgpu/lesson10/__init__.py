@@ -1,0 +1,9 @@
+"""Notebook 10's helpers (``notebooks/10_*.ipynb``).
+
+- ``multinode``     notebook 10's host plans, multi-machine commands and their dry run
+- ``slurm_horovod`` notebook 10's Horovod job inside a Slurm allocation, started by srun without ssh or MPI
+
+``multinode`` and ``slurm_horovod`` are this lesson's subject (running Horovod on several machines,
+under Slurm). The launcher (:mod:`mgpu.runtime.launch`, for ``hosts=``) and the grader's Slurm mode
+(``autograder/slurm.py``) reuse them from here.
+"""
