@@ -31,6 +31,9 @@ import tensorflow as tf
 
 from mgpu.lesson02 import multimodel
 
+# Written in notebook 02 (its exercise) and saved from there by mgpu.runtime.saved: it exists once.
+from mgpu.lesson02.saved import scaled_lr  # noqa: E402
+
 __all__ = ["Arrays", "prepare", "shuffled_batches", "steps_to_target", "StepsResult",
            "sweep_batch_sizes", "fit_steps_model", "steps_model", "loglog_slope", "scaled_lr",
            "warmup_factors", "train_fixed_epochs", "crossing_step", "eval_schedule", "lr_grid",
@@ -311,19 +314,6 @@ def loglog_slope(x, y) -> float:
 
 # --------------------------------------------------------------------------------------------
 # LR scaling rules and warm-up (Goyal et al. 2017)
-
-
-def scaled_lr(base_lr: float, base_batch: int, batch_size: int, rule: str) -> float:
-    """The learning rate for ``batch_size`` given ``base_lr`` tuned at ``base_batch``.
-
-    ``rule``: ``"linear"`` (multiply by ``k = batch_size / base_batch``), ``"sqrt"`` (by ``sqrt(k)``)
-    or ``"none"``.
-    """
-    k = batch_size / base_batch
-    factors = {"linear": k, "sqrt": math.sqrt(k), "none": 1.0}
-    if rule not in factors:
-        raise ValueError(f"unknown scaling rule {rule!r}: choose linear, sqrt or none")
-    return base_lr * factors[rule]
 
 
 def warmup_factors(total_steps: int, warmup_steps: int, kind: str, start_factor: float) -> np.ndarray:

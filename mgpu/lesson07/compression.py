@@ -1,7 +1,8 @@
 """Gradient compression on Horovod (notebook 07): a 2-bit all-reduce with error feedback, and the harness to train with it.
 
-The notebook's learner writes the 2-bit scheme; this module holds the library's equal one and what is
-needed to train with it and to count its bytes:
+The notebook's learner writes the 2-bit scheme; the notebook's own solution is saved into the library
+(:mod:`mgpu.lesson07.saved`, by :mod:`mgpu.runtime.saved`) and re-exported here, with what is needed
+to train with it and to count its bytes:
 
 - :func:`twobit_quantise`: one of 4 levels per value, ``(code - 1.5) * scale`` with ``scale`` the mean
   absolute value of the tensor (plus the residual carried from the last step), and the new residual;
@@ -37,42 +38,8 @@ BITS_PER_VALUE = {"float32": 32, "float16": 16, "2bit": 2}
 # The 2-bit scheme in TensorFlow (runs inside a Horovod training step)
 
 
-def twobit_quantise(values, residual):
-    """Quantise ``values + residual`` to 2-bit codes; return ``(codes, scale, new_residual)``.
-
-    ``scale`` is the mean absolute value of the sum (a scalar); code k in {0, 1, 2, 3} stands for the
-    level ``(k - 1.5) * scale`` (-1.5, -0.5, +0.5, +1.5 scales), the nearest one: the code counts how
-    many of -scale, 0, +scale the value reaches (>=). ``new_residual`` is the sum minus its level.
-    """
-    import tensorflow as tf
-
-    corrected = values + residual
-    scale = tf.reduce_mean(tf.abs(corrected))
-    codes = (tf.cast(corrected >= -scale, tf.uint8) + tf.cast(corrected >= 0, tf.uint8)
-             + tf.cast(corrected >= scale, tf.uint8))
-    sent = (tf.cast(codes, corrected.dtype) - 1.5) * scale
-    return codes, scale, corrected - sent
-
-
-def twobit_allreduce(gradient, residual):
-    """The average of every worker's 2-bit quantised ``gradient + residual``; returns ``(average, new_residual)``.
-
-    Each worker sends ceil(n / 4) bytes of codes and its float32 scale through ``hvd.allgather``.
-    """
-    import horovod.tensorflow as hvd
-    import tensorflow as tf
-
-    codes, scale, new_residual = twobit_quantise(gradient, residual)
-    n = int(np.prod(gradient.shape))
-    flat = tf.pad(tf.reshape(tf.cast(codes, tf.int32), [-1]), [[0, -n % 4]])
-    packed = tf.cast(tf.reduce_sum(tf.reshape(flat, [-1, 4]) * [1, 4, 16, 64], axis=1), tf.uint8)
-    every_packed = tf.reshape(tf.cast(hvd.allgather(packed), tf.int32), [-1, packed.shape[0]])
-    every_scale = hvd.allgather(tf.reshape(tf.cast(scale, tf.float32), [1]))
-    every_codes = tf.stack([every_packed // 4 ** k % 4 for k in range(4)], axis=2)
-    every_codes = tf.reshape(every_codes, [tf.shape(every_packed)[0], -1])[:, :n]
-    every_value = (tf.cast(every_codes, tf.float32) - 1.5) * every_scale[:, None]
-    average = tf.reshape(tf.reduce_mean(every_value, axis=0), gradient.shape)
-    return tf.cast(average, gradient.dtype), new_residual
+# Written in notebook 07 (its exercises) and saved from there by mgpu.runtime.saved: they exist once.
+from mgpu.lesson07.saved import twobit_allreduce, twobit_quantise  # noqa: E402
 
 
 # --------------------------------------------------------------------------------------------

@@ -17,6 +17,7 @@
 - ``plotting``      the figures' shared style helpers, and any figure two or more notebooks call
 - ``reference``     measurements on a real GPU (H100) shown where the machine has none
 - ``results``       each notebook's headline numbers (``build/results``) and figures
+- ``saved``         the notebooks' ``#@save`` cells written into ``mgpu/lessonNN/saved.py``: the code a lesson teaches, once
 - ``synthetic``     the offline default dataset, generated deterministically
 - ``tables``        tables of measurements a notebook shows as a value
 - ``timeline``      reading Horovod's timeline
