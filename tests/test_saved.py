@@ -22,6 +22,19 @@ def test_the_library_uses_the_notebooks_definitions():
     assert compression.twobit_allreduce is saved07.twobit_allreduce
 
 
+def test_the_library_ring_is_the_notebooks_behind_a_check_of_its_inputs(monkeypatch):
+    import numpy as np
+
+    from mgpu.lesson04 import allreduce, saved as saved04
+
+    calls = []
+    monkeypatch.setattr(saved04, "ring_allreduce", lambda inputs: calls.append(len(inputs)) or ([], None))
+    allreduce.ring_allreduce([np.zeros(4), np.zeros(4)])
+    assert calls == [2]
+    with pytest.raises(ValueError, match="same shape"):
+        allreduce.ring_allreduce([np.zeros(3), np.zeros(4)])
+
+
 def _course(tmp_path, cells):
     (tmp_path / "notebooks").mkdir()
     (tmp_path / "mgpu" / "lesson05").mkdir(parents=True)
