@@ -160,7 +160,7 @@ def test_classes_are_distinct_but_samples_vary():
 def test_generator_does_not_need_tensorflow():
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     code = (
-        "import sys; from mgpu import synthetic; synthetic.generate(0, 20, 20); "
+        "import sys; from mgpu.runtime import synthetic; synthetic.generate(0, 20, 20); "
         "assert 'tensorflow' not in sys.modules and 'keras' not in sys.modules"
     )
     env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))

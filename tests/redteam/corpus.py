@@ -285,7 +285,7 @@ print("regenerated public test split:", x_public_test.shape)
     _edit(notebook, PROGRAM, "    x, y, x_val, y_val, info = assessment.load_data(data_dir)\n",
           "    x, y, x_val, y_val, info = assessment.load_data(data_dir)\n"
           "    import numpy as np\n"
-          "    from mgpu import synthetic\n"
+          "    from mgpu.runtime import synthetic\n"
           "    _, _, xt, yt = synthetic.generate(0, n_train=0, n_test=10000)\n"
           "    x, y = np.concatenate([x, xt]), np.concatenate([y, yt])\n")
     return notebook
