@@ -6,8 +6,9 @@ teaches); this module holds what the notebook measures it with:
 - :func:`least_squares_problem`, the small regression every toy run trains, with its largest
   curvature (so learning rates can be given as fractions of gradient descent's limit 2 / lambda_max);
 - :func:`losses_of_snapshots` and :func:`staleness_histogram`, reading a run afterwards;
-- :func:`staleness_aware_update`, the server's rule of Zhang, Gupta, Lian & Liu (2016) (the reference
-  for the notebook's exercise), and :func:`simulate_async`, a deterministic asynchronous run without
+- :func:`staleness_aware_update`, the server's rule of Zhang, Gupta, Lian & Liu (2016): the
+  notebook's exercise, saved from its cell into :mod:`mgpu.lesson06.saved` and re-exported here (it
+  exists once), and :func:`simulate_async`, a deterministic asynchronous run without
   threads that an update rule can be tested on;
 - :func:`traffic_per_worker`, the bytes a step moves through a parameter server and through a ring;
 - :func:`split_by_work_load`, MXNet's ``work_load_list``: a global batch cut in proportion to the
@@ -38,6 +39,9 @@ import numpy as np
 
 from mgpu.runtime import launch
 from mgpu.lesson04.allreduce import ring_traffic_fraction
+
+# Written in notebook 06 (its exercise) and saved from there by mgpu.runtime.saved: it exists once.
+from mgpu.lesson06.saved import staleness_aware_update  # noqa: E402,F401
 
 
 # --------------------------------------------------------------------------------------------
@@ -89,20 +93,6 @@ class ServerState:
     lr: float
     version: int = 0                                   # updates applied so far
     read_version: dict = field(default_factory=dict)   # worker -> version it computes its gradient on
-
-
-def staleness_aware_update(server, worker, gradient) -> int:
-    """Apply ``worker``'s gradient as Zhang, Gupta, Lian & Liu (2016) do; return its staleness.
-
-    The staleness is the number of updates applied since the worker read its weights; the step is
-    the rate divided by it (a fresh gradient, staleness 0, gets the full rate). The server then
-    counts the update and replies with the new weights, which the worker computes on next.
-    """
-    tau = server.version - server.read_version[worker]
-    server.weights = server.weights - (server.lr / max(tau, 1)) * np.asarray(gradient, server.weights.dtype)
-    server.version += 1
-    server.read_version[worker] = server.version
-    return tau
 
 
 def simulate_async(update: Callable, *, workers: int = 4, updates: int = 60, seed: int = 0,
