@@ -2,9 +2,10 @@
 
 ``grade`` runs the students' notebooks and never loads the course's signing key: it only notes in
 each record whether the pass can earn a certificate. ``certify`` signs afterwards, in a process
-that runs no submission code: it refuses while a grader holds the course (it takes the grader's
+that runs no submission code: it refuses while a grader holds the course (it takes the course's
 lock, ``COURSE_DIR/.grader.lock``, so no run is alive while the key is loaded), reads the records
-in ``COURSE_DIR/autograder/<assignment>/``, checks each again with
+in ``COURSE_DIR/autograder/<assignment>/`` (both through :mod:`autograder.records`, which ``grade``
+uses too), checks each again with
 :func:`autograder.certificates.why_no_certificate` and signs one certificate for every eligible
 pass that has none yet. It imports nothing that runs a notebook (no TensorFlow, papermill,
 nbclient or nbgrader: the student's name is read from the gradebook with SQLAlchemy), so the key
@@ -16,10 +17,10 @@ e.g. on removable media kept off the grading machine.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from autograder import certificates, report
+from autograder import records as records_mod
 from autograder import course as course_mod
 
 
@@ -71,8 +72,6 @@ def issue_certificates(course_dir, assignment: str, profile, *, key_path=None, l
     under another profile or number of workers are left alone; a record that cannot earn a
     certificate gets the reason in its ``certificate_note``.
     """
-    from autograder.grade import _exclusive, load_verdicts
-
     root = Path(course_dir).resolve()
     results = root / "autograder" / assignment
     if not results.is_dir():
@@ -82,13 +81,12 @@ def issue_certificates(course_dir, assignment: str, profile, *, key_path=None, l
     if not key_path.is_file():
         raise certificates.CertificateError(f"no signing key {key_path}: make one with python -m autograder keys "
                                             f"init --course {course_dir}, or pass --key PATH to it")
-    lock = root / ".grader.lock"
-    with _exclusive(lock, f"a grader is working on {root} (lock {lock}): certify once it has finished"):
+    with records_mod.course_lock(root, "a grader", "certify once it has finished"):
         section = _course_directory(root)
         course_id = str(section.get("course_id") or root.name)
         db_url = str(section.get("db_url") or f"sqlite:///{root / 'gradebook.db'}")
         out_dir = results / "certificates"
-        records = load_verdicts(results)
+        records = records_mod.load_verdicts(results)
         issued, changed = [], False
         private_key = None
         for record in records:
@@ -119,7 +117,7 @@ def issue_certificates(course_dir, assignment: str, profile, *, key_path=None, l
                 continue
             else:
                 record["certificate_note"] = why
-            report.write_atomically(results / f"{record['student']}.json", json.dumps(record, indent=1))
+            records_mod.write_record(results, record)
             changed = True
         if changed:
             report.write_reports(results, records, profile, report.refused_imports(results))

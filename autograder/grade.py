@@ -43,7 +43,6 @@ the cluster has free nodes (Slurm). One grader at a time works on a course (a lo
 from __future__ import annotations
 
 import errno
-import fcntl
 import hashlib
 import json
 import os
@@ -54,7 +53,6 @@ import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -64,6 +62,8 @@ import numpy as np
 from autograder import checks
 from autograder import course as course_mod
 from autograder import measure, report, runners, sandbox, validate
+from autograder import records as records_mod
+from autograder.records import load_verdicts
 from mgpu import assessment
 
 #: Training images each submission does without (chosen with the course secret), out of 200.
@@ -157,16 +157,6 @@ class Submission:
     def clean(self) -> None:
         while self.cleanup:
             self.cleanup.pop()()
-
-
-def load_verdicts(results_dir: Path) -> list[dict]:
-    verdicts = []
-    for path in sorted(Path(results_dir).glob("*.json")):
-        try:
-            verdicts.append(json.loads(path.read_text()))
-        except (OSError, ValueError):
-            continue
-    return verdicts
 
 
 def default_jobs(workers: int, profile_name: str) -> int:
@@ -461,7 +451,7 @@ class CohortGrader:
         folder = self.course.results_dir()
         folder.mkdir(parents=True, exist_ok=True)
         record = asdict(verdict) | {"reason": verdict.reason, "overhead_seconds": verdict.overhead_seconds}
-        report.write_atomically(folder / f"{verdict.student}.json", json.dumps(record, indent=1))
+        records_mod.write_record(folder, record)
         return verdict
 
 
@@ -590,20 +580,6 @@ def _disk_full(error: BaseException) -> bool:
     return "no space left" in text or "database or disk is full" in text
 
 
-@contextmanager
-def _exclusive(path: Path, busy_message: str):
-    """Hold an exclusive lock on ``path`` (made if missing), or raise CourseError(busy_message)."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise course_mod.CourseError(busy_message) from None
-        yield
-    finally:
-        os.close(fd)
-
-
 def remove_stale_work_folders() -> int:
     """Delete the work folders of graders that were killed (their lock is free); returns how many.
 
@@ -613,7 +589,7 @@ def remove_stale_work_folders() -> int:
     for folder in Path(tempfile.gettempdir()).glob(f"{WORK_PREFIX}*"):
         lock = folder / ".lock"
         try:
-            with _exclusive(lock, ""):
+            with records_mod.exclusive(lock, ""):
                 sandbox.unmount_stale(folder)
                 shutil.rmtree(folder, ignore_errors=True)
                 removed += 1
@@ -781,7 +757,7 @@ def flag_copied_weights(grader: CohortGrader, records: list[dict]) -> list[str]:
             certificates.revoke(certificates.default_revocation_list(grader.course.root),
                                 record["certificate"], "copied weights found after it was issued")
             record["certificate_note"] = "revoked: copied weights"
-        report.write_atomically(grader.course.results_dir() / f"{student}.json", json.dumps(record, indent=1))
+        records_mod.write_record(grader.course.results_dir(), record)
         flagged.append(student)
     return flagged
 
@@ -809,8 +785,7 @@ def note_certificates(grader: CohortGrader, records: list[dict], log=print) -> l
         if record.get("certificate_note") == why:
             continue
         record["certificate_note"] = why
-        report.write_atomically(grader.course.results_dir() / f"{record['student']}.json",
-                                json.dumps(record, indent=1))
+        records_mod.write_record(grader.course.results_dir(), record)
     if eligible:
         log(f"{len(eligible)} pass(es) eligible for a certificate; grading signs nothing: sign them with\n  {sign}")
     return eligible
@@ -853,9 +828,8 @@ def grade_course(course_dir, assignment: str, profile: assessment.Profile, *, su
     """
     grader = CohortGrader(course_dir, assignment, profile, isolate=isolate, timeout_s=timeout_s, runner=runner,
                           log=log)
-    lock = grader.course.root / ".grader.lock"
-    with _exclusive(lock, f"another grader is working on {grader.course.root} (lock {lock}): wait for it "
-                          "to finish, then run the command again"):
+    with records_mod.course_lock(grader.course.root, "another grader",
+                                 "wait for it to finish, then run the command again"):
         try:
             return _grade_locked(grader, submissions, force, jobs, progress, log)
         except OSError as error:
@@ -959,7 +933,7 @@ def _grade_locked(grader: CohortGrader, submissions, force: bool, jobs, progress
         work_root = Path(tempfile.mkdtemp(prefix=WORK_PREFIX))
         disk_full = None
         try:
-            with _exclusive(work_root / ".lock", "work folder in use"):
+            with records_mod.exclusive(work_root / ".lock", "work folder in use"):
                 grader.prepare(work_root)
                 runner.open(grader, work_root)
                 disk_full = _run_steps(grader, todo, jobs, verdicts, progress, log)
