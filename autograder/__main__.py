@@ -45,8 +45,22 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 
 def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return COMMANDS[args.command](args)
+
+
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m autograder", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
+    _add_grade_parser(sub)
+    _add_practice_parser(sub)
+    _add_calibrate_parser(sub)
+    _add_certify_parser(sub)
+    _add_certificate_commands(sub)
+    return parser
+
+
+def _add_grade_parser(sub) -> None:
     grade = sub.add_parser("grade", help="grade every submission of an assignment")
     grade.add_argument("course_dir", help="the nbgrader course folder (this repo's: assignments/)")
     grade.add_argument("--assignment", default="assessment")
@@ -69,6 +83,9 @@ def main(argv: list[str] | None = None) -> int:
                        "shared_dir in COURSE/autograder/slurm.json)")
     grade.add_argument("--partition", help="slurm: the partition to submit to (default: the cluster's)")
     grade.add_argument("--account", help="slurm: the account to charge (default: yours)")
+
+
+def _add_practice_parser(sub) -> None:
     practice = sub.add_parser("practice", help="grade your own notebook the way the grader would, before submitting")
     practice.add_argument("notebook", help="your assessment.ipynb")
     practice.add_argument("--course", default="assignments", help="the course folder whose profiles apply "
@@ -77,6 +94,9 @@ def main(argv: list[str] | None = None) -> int:
     practice.add_argument("--workers", type=int, default=2)
     practice.add_argument("--keep", action="store_true", help="keep the private graded copy (under build/)")
     practice.add_argument("--no-isolation", action="store_true", help="run without the sandbox's namespaces")
+
+
+def _add_calibrate_parser(sub) -> None:
     calibrate = sub.add_parser("calibrate", help="measure a profile row on this machine from the reference solution")
     calibrate.add_argument("course_dir", help="the nbgrader course folder (this repo's: assignments/)")
     calibrate.add_argument("--assignment", default="assessment")
@@ -91,6 +111,9 @@ def main(argv: list[str] | None = None) -> int:
     calibrate.add_argument("--accuracy-margin", type=float, default=0.02,
                            help="target = the weakest run's two-epoch accuracy less this")
     calibrate.add_argument("--no-isolation", action="store_true")
+
+
+def _add_certify_parser(sub) -> None:
     certify = sub.add_parser("certify", help="sign the certificates of the eligible passes (after grade)")
     certify.add_argument("course_dir", help="the nbgrader course folder (this repo's: assignments/)")
     certify.add_argument("--assignment", default="assessment")
@@ -100,19 +123,11 @@ def main(argv: list[str] | None = None) -> int:
                          "on removable media")
     certify.add_argument("--allow-other-hardware", action="store_true",
                          help="sign passes graded with an official row calibrated on other hardware")
-    _add_certificate_commands(sub)
-    args = parser.parse_args(argv)
-    if args.command == "certify":
-        return _certify_command(args)
-    if args.command == "practice":
-        return _practice_command(args)
-    if args.command == "calibrate":
-        return _calibrate_command(args)
-    if args.command != "grade":
-        return _certificate_command(args)
 
+
+def grade_command(args) -> int:
+    """``grade``: every submission of the assignment, one line per student, then where the reports are."""
     from autograder.course import CourseError
-    from mgpu import assessment
 
     if not os.path.isdir(args.course_dir):
         print(f"error: no course folder {args.course_dir}: pass the folder that holds nbgrader_config.py "
@@ -214,7 +229,8 @@ def _profile(course_dir, name: str, workers: int, allow_other_hardware: bool):
     return profile
 
 
-def _practice_command(args) -> int:
+def practice_command(args) -> int:
+    """``practice``: one notebook graded in a private copy of the course; status 0 for a pass, 1 otherwise."""
     from autograder import practice
     from autograder.course import CourseError
 
@@ -234,7 +250,8 @@ def _practice_command(args) -> int:
     return 0 if verdict.passed else 1
 
 
-def _calibrate_command(args) -> int:
+def calibrate_command(args) -> int:
+    """``calibrate``: a profile row measured from the reference solution, written into the course."""
     from autograder import calibrate
     from autograder.course import CourseError
 
@@ -279,7 +296,8 @@ def _no_course(course_dir: str, instead: str) -> str:
             f"is assignments/) or {instead}")
 
 
-def _certify_command(args) -> int:
+def certify_command(args) -> int:
+    """``certify``: signs the eligible passes' certificates, once grading has finished."""
     from autograder import certificates, certify
     from autograder.course import CourseError
     from mgpu import assessment
@@ -299,46 +317,62 @@ def _certify_command(args) -> int:
     return 0
 
 
-def _certificate_command(args) -> int:
+def keys_command(args) -> int:
+    """``keys init``: the course's signing key pair; prints the public key."""
     from autograder import certificates
 
     try:
-        if args.command == "keys":
-            if args.key_dir is None and not os.path.isdir(args.course):
-                print(_no_course(args.course, "--key-dir DIR"), file=sys.stderr)
-                return 2
-            key_dir = args.key_dir or certificates.default_key_dir(args.course)
-            private_path, public_path = certificates.init_keys(key_dir, force=args.force)
-            public_key = certificates.load_public_key(public_path)
-            print(f"signing key (private, mode 0600, keep it secret): {private_path}\n"
-                  f"public key:  {public_path}\nkey id:      {certificates.key_id(public_key)}\n\n"
-                  f"{certificates.public_pem(public_key)}\n"
-                  "Publish the public key: anyone can then check a certificate with\n"
-                  "  python -m autograder verify CERT.pdf --public-key public_key.pem")
-            return 0
-        if args.command == "verify":
-            if not os.path.isfile(args.cert):
-                print(f"error: no certificate file {args.cert}: pass the certificate's .pdf or .json", file=sys.stderr)
-                return 2
-            if args.public_key is None and not os.path.isdir(args.course):
-                print(_no_course(args.course, "--public-key PEM"), file=sys.stderr)
-                return 2
-            public_key = certificates.load_public_key(
-                args.public_key or certificates.default_key_dir(args.course) / certificates.PUBLIC_KEY_FILE)
-            revoked_path = args.revoked or (None if args.public_key
-                                            else certificates.default_revocation_list(args.course))
-            revoked = certificates.read_revocations(revoked_path) if revoked_path else {}
-            verification = certificates.verify(args.cert, public_key, revoked)
-            if not verification.valid:
-                print(f"INVALID: {verification.reason}")
-                return 1
-            print(f"VALID: {verification.reason.removeprefix('valid: ')}")
-            for name, value in verification.certificate.items():
-                print(f"  {name:<20} {value}")
-            return 0
-        if args.command == "page":
-            return _page_command(args)
-        # revoke
+        if args.key_dir is None and not os.path.isdir(args.course):
+            print(_no_course(args.course, "--key-dir DIR"), file=sys.stderr)
+            return 2
+        key_dir = args.key_dir or certificates.default_key_dir(args.course)
+        private_path, public_path = certificates.init_keys(key_dir, force=args.force)
+        public_key = certificates.load_public_key(public_path)
+        print(f"signing key (private, mode 0600, keep it secret): {private_path}\n"
+              f"public key:  {public_path}\nkey id:      {certificates.key_id(public_key)}\n\n"
+              f"{certificates.public_pem(public_key)}\n"
+              "Publish the public key: anyone can then check a certificate with\n"
+              "  python -m autograder verify CERT.pdf --public-key public_key.pem")
+        return 0
+    except certificates.CertificateError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+
+
+def verify_command(args) -> int:
+    """``verify``: VALID and status 0, or INVALID: <reason> and status 1."""
+    from autograder import certificates
+
+    try:
+        if not os.path.isfile(args.cert):
+            print(f"error: no certificate file {args.cert}: pass the certificate's .pdf or .json", file=sys.stderr)
+            return 2
+        if args.public_key is None and not os.path.isdir(args.course):
+            print(_no_course(args.course, "--public-key PEM"), file=sys.stderr)
+            return 2
+        public_key = certificates.load_public_key(
+            args.public_key or certificates.default_key_dir(args.course) / certificates.PUBLIC_KEY_FILE)
+        revoked_path = args.revoked or (None if args.public_key
+                                        else certificates.default_revocation_list(args.course))
+        revoked = certificates.read_revocations(revoked_path) if revoked_path else {}
+        verification = certificates.verify(args.cert, public_key, revoked)
+        if not verification.valid:
+            print(f"INVALID: {verification.reason}")
+            return 1
+        print(f"VALID: {verification.reason.removeprefix('valid: ')}")
+        for name, value in verification.certificate.items():
+            print(f"  {name:<20} {value}")
+        return 0
+    except certificates.CertificateError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+
+
+def revoke_command(args) -> int:
+    """``revoke``: adds a certificate ID to the revocation list."""
+    from autograder import certificates
+
+    try:
         if args.revoked is None and not os.path.isdir(args.course):
             print(_no_course(args.course, "--revoked FILE"), file=sys.stderr)
             return 2
@@ -354,7 +388,18 @@ def _certificate_command(args) -> int:
         return 2
 
 
-def _page_command(args) -> int:
+def page_command(args) -> int:
+    """``page``: the static HTML page that checks a certificate in a browser."""
+    from autograder import certificates
+
+    try:
+        return _write_page(args)
+    except certificates.CertificateError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+
+
+def _write_page(args) -> int:
     from autograder import certificates, verify_page
 
     if args.public_key is None and not os.path.isdir(args.course):
@@ -386,6 +431,12 @@ def _page_command(args) -> int:
           ".pdf or .json with nothing sent anywhere. Revoking later needs a new page, or a newer revoked.txt\n"
           "loaded in the page.")
     return 0
+
+
+#: Each subcommand's function.
+COMMANDS = {"grade": grade_command, "practice": practice_command, "calibrate": calibrate_command,
+            "certify": certify_command, "keys": keys_command, "verify": verify_command, "revoke": revoke_command,
+            "page": page_command}
 
 
 if __name__ == "__main__":
