@@ -188,6 +188,7 @@ def _exercise_like(broadcast: bool):
     """A training function with or without broadcast and gradient averaging (for worker_report)."""
     import horovod.tensorflow.keras as hvd
 
+    from mgpu.lesson04.ranks import worker_report
     from mgpu.runtime import models
 
     hvd.init()
@@ -202,7 +203,7 @@ def _exercise_like(broadcast: bool):
         cbs = [hvd.callbacks.BroadcastGlobalVariablesCallback(0), hvd.callbacks.MetricAverageCallback()]
     model.compile(optimizer, tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     history = model.fit(x, y, batch_size=16, epochs=2, verbose=0, callbacks=cbs)
-    return recipes.worker_report(model, history, len(x))
+    return worker_report(model, history, len(x))
 
 
 @pytest.mark.slow

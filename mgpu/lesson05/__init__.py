@@ -3,7 +3,4 @@
 - ``figures``    the notebook's figures, one call each (saved to ``build/figures/``)
 - ``optimizers`` LARS and LAMB, the large-batch optimizers TensorFlow 2.15 lacks
 - ``recipes``    notebook 05's accuracy-at-scale recipes (LR scaling, warm-up, momentum, LARS/LAMB)
-
-Notebook 04 borrows :func:`mgpu.lesson05.recipes.worker_report` (what each rank did) for its
-exercise checks; the recipes themselves are notebook 05's subject, so the module lives here.
 """

@@ -324,29 +324,6 @@ class _RecordFirstSteps(tf.keras.callbacks.Callback):
             self.values["loss"].append(float((logs or {}).get("loss", math.nan)))
 
 
-def worker_report(model, history, examples: int) -> dict:
-    """What a Horovod training function did on every rank, gathered for checks (call on every rank).
-
-    ``examples_by_rank``: training examples each rank read; ``weight_spread``: the largest
-    difference between any rank's final weights and rank 0's; ``loss_spread``: the largest
-    difference between the ranks' logged epoch losses (zero when metrics are averaged).
-    """
-    import horovod.tensorflow.keras as hvd
-
-    flat = np.concatenate([w.ravel() for w in model.get_weights()]).astype(np.float32)
-    weights = hvd.allgather(tf.constant(flat[None, :])).numpy()
-    losses = np.asarray(history.history["loss"], dtype=np.float32)
-    every_loss = hvd.allgather(tf.constant(losses[None, :])).numpy()
-    counts = hvd.allgather(tf.constant([examples], dtype=tf.int64)).numpy()
-    return {
-        "size": hvd.size(),
-        "examples_by_rank": [int(c) for c in counts],
-        "weight_spread": float(np.abs(weights - weights[0]).max()),
-        "loss_spread": float(np.abs(every_loss - every_loss[0]).max()),
-        "val_accuracy": [float(v) for v in history.history.get("val_accuracy", [])],
-    }
-
-
 def read_log(path) -> list[dict]:
     """The rows of a :class:`~mgpu.runtime.callbacks.WallClockCSVLogger` CSV, as floats."""
     with open(path, newline="") as f:
