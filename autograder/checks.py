@@ -70,14 +70,14 @@ def run_tests(folder: Path, parameters_source: str, parameters: dict, context: l
     ``folder`` is a folder of the grader's holding what the tests may read; the pass starts in its
     empty subfolder ``empty/``.
     """
-    from autograder import sandbox
+    from autograder import isolation, sandbox
 
     folder = Path(folder)
     spec_path = folder / "spec.json"
     spec_path.write_text(json.dumps({"context_before": parameters_source, "parameters": parameters,
                                      "context": context, "tests": tests}))
-    env = sandbox.run_environment(folder / "empty", "checks")
-    code, stdout, stderr = sandbox.run_isolated(sandbox.trusted_python("autograder.checks", str(spec_path)),
+    env = isolation.run_environment(folder / "empty", "checks")
+    code, stdout, stderr = sandbox.run_isolated(isolation.trusted_python("autograder.checks", str(spec_path)),
                                                 folder, cwd=folder / "empty", timeout_s=TIMEOUT_S, env=env, hide=hide,
                                                 work_parent=work_parent, isolate=isolate)
     results, why = None, ""

@@ -423,12 +423,12 @@ class Course:
         folder.mkdir(parents=True, exist_ok=True)
         _write_atomically(folder / f"{notebook_id}.ipynb", nbformat.writes(executed_notebook))
         if timestamp is not None and os.path.lexists(timestamp):
-            from autograder import sandbox
+            from autograder import safe_read
 
             try:  # nbgrader's submission time: a short text file, read like any other submitted file
                 _write_bytes_atomically(folder / "timestamp.txt",
-                                        sandbox.read_path(timestamp, 4096, fix="resubmit through nbgrader"))
-            except sandbox.Rejected:
+                                        safe_read.read_path(timestamp, 4096, fix="resubmit through nbgrader"))
+            except safe_read.Rejected:
                 pass
         result = self.api.autograde(self.assignment, student, force=True, create=True)
         if not result["success"]:
@@ -506,11 +506,11 @@ def _read_zip_entry(archive: zipfile.ZipFile, info: zipfile.ZipInfo, limit: int)
 
 
 def _read_file_entry(folder: Path, name: str, limit: int) -> bytes:
-    from autograder import sandbox
+    from autograder import safe_read
 
     try:
-        return sandbox.read_path(folder / name, limit, fix="put the notebook file itself in the folder")
-    except sandbox.Rejected as error:
+        return safe_read.read_path(folder / name, limit, fix="put the notebook file itself in the folder")
+    except safe_read.Rejected as error:
         raise _Refused(str(error)) from None
 
 

@@ -61,7 +61,7 @@ import numpy as np
 
 from autograder import checks
 from autograder import course as course_mod
-from autograder import measure, report, runners, sandbox, validate
+from autograder import isolation, measure, report, runners, safe_read, sandbox, stop, validate
 from autograder import records as records_mod
 from autograder.records import load_verdicts
 from mgpu import assessment
@@ -208,7 +208,7 @@ class CohortGrader:
         self.measurer = measure.Measurer(x_test, y_test, dataset.image_shape, dataset.num_classes)
         # What the run must not see: the course (gradebook, source, other students, signing key,
         # secret), the data cache.
-        keep = [Path(sys.prefix).resolve(), sandbox.REPO_ROOT / "mgpu", work_root]
+        keep = [Path(sys.prefix).resolve(), isolation.REPO_ROOT / "mgpu", work_root]
         candidates = [self.course.root, data.cache_dir()]
         self.hidden = [p.resolve() for p in candidates if p.exists()
                        and not any(_inside(k, p.resolve()) for k in keep)]
@@ -522,7 +522,7 @@ def _link_or_copy(source: str, destination: str) -> None:
         shutil.copy2(source, destination)
 
 
-def vet_facts(files: dict[str, "bytes | sandbox.Rejected"], workers: dict[int, dict]) -> tuple[dict[str, bytes], int]:
+def vet_facts(files: dict[str, "bytes | safe_read.Rejected"], workers: dict[int, dict]) -> tuple[dict[str, bytes], int]:
     """The facts files a Horovod worker the grader started wrote, and how many others were discarded.
 
     ``files`` are the run's ``facts-<pid>.json`` as the sandbox read them (regular files, owned by
@@ -590,7 +590,7 @@ def remove_stale_work_folders() -> int:
         lock = folder / ".lock"
         try:
             with records_mod.exclusive(lock, ""):
-                sandbox.unmount_stale(folder)
+                isolation.unmount_stale(folder)
                 shutil.rmtree(folder, ignore_errors=True)
                 removed += 1
         except (course_mod.CourseError, OSError):
@@ -905,7 +905,7 @@ def _run_steps(grader: CohortGrader, todo: list[str], jobs: int | None, verdicts
 
 def _grade_locked(grader: CohortGrader, submissions, force: bool, jobs, progress: bool, log) -> list[Verdict]:
     profile = grader.profile
-    killed = sandbox.cleanup_stale_runs()
+    killed = stop.cleanup_stale_runs()
     stale = remove_stale_work_folders()
     if killed or stale:
         log(f"cleaned up after an interrupted grading run: {killed} process(es) killed, "
@@ -927,7 +927,7 @@ def _grade_locked(grader: CohortGrader, submissions, force: bool, jobs, progress
     verdicts: list[Verdict] = []
     if todo:
         runner = grader.runner
-        ok, note = sandbox.isolation_available() if grader.isolate else (False, "isolation switched off")
+        ok, note = isolation.isolation_available() if grader.isolate else (False, "isolation switched off")
         if not ok and not runner.batch:
             log(f"note: {note}")
         work_root = Path(tempfile.mkdtemp(prefix=WORK_PREFIX))
@@ -939,7 +939,7 @@ def _grade_locked(grader: CohortGrader, submissions, force: bool, jobs, progress
                 disk_full = _run_steps(grader, todo, jobs, verdicts, progress, log)
         finally:
             runner.close()
-            sandbox.unmount_stale(work_root)
+            isolation.unmount_stale(work_root)
             shutil.rmtree(work_root, ignore_errors=True)
         if disk_full is not None:
             try:  # what was graded before the disk filled stays visible in the reports

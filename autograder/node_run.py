@@ -8,7 +8,7 @@ chose them with the course secret, which never leaves the grader's machine). The
 is the cohort's ``data/`` beside the tasks.
 
 It then does on the node what the local backend does on the grader's machine: a run folder of its
-own (:class:`autograder.sandbox.RunFolder`, in the node's ``/tmp``), the data and the notebook in it,
+own (:class:`autograder.isolation.RunFolder`, in the node's ``/tmp``), the data and the notebook in it,
 :func:`autograder.sandbox.run_notebook` with the same limits and the same watchdog, and the facts
 files read the same way. It hands everything back in ``result/``: the epoch files the watchdog
 copied, and last ``result.json`` (the :class:`~autograder.sandbox.RunResult`, the facts files and
@@ -34,7 +34,7 @@ from pathlib import Path
 import nbformat
 import numpy as np
 
-from autograder import runners, sandbox
+from autograder import epochs, isolation, runners, safe_read, sandbox, stop
 
 #: Prefix of the node's work folders (not the grader's ``mgpu-grade-``: on a machine that is both,
 #: the grader's clean-up of its own stale folders must not take a running task's).
@@ -60,10 +60,10 @@ def run_task(task_dir: Path) -> dict:
     from mgpu.runtime import data as data_mod
 
     hide = [Path(h) for h in task["hide"]] + [data_mod.cache_dir()]
-    sandbox.cleanup_stale_runs()  # cgroups a runner Slurm killed outright left on this node
+    stop.cleanup_stale_runs()  # cgroups a runner Slurm killed outright left on this node
     work_root = Path(tempfile.mkdtemp(prefix=NODE_PREFIX))
     try:
-        folder = sandbox.RunFolder(work_root / "run")
+        folder = isolation.RunFolder(work_root / "run")
         try:
             runners.write_run_data(task_dir.parent.parent / "data", np.load(task_dir / "keep.npy"), folder.data)
             name = task["notebook"]
@@ -72,15 +72,15 @@ def run_task(task_dir: Path) -> dict:
             run = sandbox.run_notebook(folder, name, parameters, keep=results, timeout_s=task["timeout_s"],
                                        memory_limit_mb=task["memory_limit_mb"], hide=hide, work_parent=work_root,
                                        isolate=task["isolate"])
-            facts = sandbox.read_outputs(folder.output, runners.FACTS_PATTERN, runners.MAX_FACTS_BYTES,
+            facts = safe_read.read_outputs(folder.output, runners.FACTS_PATTERN, runners.MAX_FACTS_BYTES,
                                          run.worker_uid)
         finally:
             folder.remove()
     finally:
-        sandbox.unmount_stale(work_root)
+        isolation.unmount_stale(work_root)
         shutil.rmtree(work_root, ignore_errors=True)
     record = {"run": run.to_json(), "node": socket.gethostname(), "slurm_node": os.environ.get("SLURMD_NODENAME", ""),
-              "facts": {n: ({"rejected": str(d)} if isinstance(d, sandbox.Rejected)
+              "facts": {n: ({"rejected": str(d)} if isinstance(d, safe_read.Rejected)
                             else {"data": base64.b64encode(d).decode()}) for n, d in facts.items()}}
     _write_json_atomically(results / "result.json", record)
     return record
@@ -107,9 +107,9 @@ def read_result(task_dir: Path, keep: Path) -> tuple[sandbox.RunResult, dict, di
         raise ValueError(f"{results} cannot be opened as a folder ({error.strerror})") from None
     try:
         try:
-            record = json.loads(sandbox.read_regular(folder_fd, "result.json", MAX_RESULT_BYTES,
+            record = json.loads(safe_read.read_regular(folder_fd, "result.json", MAX_RESULT_BYTES,
                                                      fix="the node's runner writes it"))
-        except sandbox.Rejected as error:
+        except safe_read.Rejected as error:
             if not os.path.lexists(results / "result.json"):
                 return None
             raise ValueError(str(error)) from None
@@ -117,11 +117,11 @@ def read_result(task_dir: Path, keep: Path) -> tuple[sandbox.RunResult, dict, di
         Path(keep).mkdir(parents=True, exist_ok=True)
         for epoch, copy in list(run.epoch_files.items()):
             try:
-                copy.write_bytes(sandbox.read_regular(folder_fd, copy.name, sandbox.MAX_EPOCH_BYTES))
-            except sandbox.Rejected as error:
+                copy.write_bytes(safe_read.read_regular(folder_fd, copy.name, epochs.MAX_EPOCH_BYTES))
+            except safe_read.Rejected as error:
                 del run.epoch_files[epoch]
                 run.epoch_rejected[epoch] = str(error)
-        facts = {name: (sandbox.Rejected(entry["rejected"]) if "rejected" in entry
+        facts = {name: (safe_read.Rejected(entry["rejected"]) if "rejected" in entry
                         else base64.b64decode(entry["data"], validate=True))
                  for name, entry in record["facts"].items()}
         return run, facts, record

@@ -26,7 +26,7 @@ from pathlib import Path
 import nbformat
 import numpy as np
 
-from autograder import sandbox
+from autograder import isolation, safe_read, sandbox
 
 #: The facts files the workers write (``facts-<pid>.json``), and the largest one read (a real one
 #: is about 200 bytes).
@@ -59,7 +59,7 @@ class LocalRunner:
         """Nothing to submit: :meth:`run` starts each run."""
 
     def run(self, grader, submission) -> None:
-        folder = sandbox.RunFolder(self.work_root / submission.tag)
+        folder = isolation.RunFolder(self.work_root / submission.tag)
         keep = self.work_root / f"{submission.tag}-kept"  # the grader's: copies of the run's epoch files
         submission.cleanup += [folder.remove, lambda: shutil.rmtree(keep, ignore_errors=True)]
         write_run_data(grader.data_template, grader.kept_images(submission.student), folder.data)
@@ -69,7 +69,7 @@ class LocalRunner:
                                    timeout_s=grader.timeout_s, memory_limit_mb=grader.profile.memory_limit_mb,
                                    hide=grader.hidden, work_parent=self.work_root, isolate=grader.isolate)
         submission.run = run
-        submission.facts_files = sandbox.read_outputs(folder.output, FACTS_PATTERN, MAX_FACTS_BYTES, run.worker_uid)
+        submission.facts_files = safe_read.read_outputs(folder.output, FACTS_PATTERN, MAX_FACTS_BYTES, run.worker_uid)
 
     def cancel(self) -> None:
         """Runs in progress die with their threads' sandbox (nothing queued elsewhere)."""

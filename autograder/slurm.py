@@ -47,7 +47,7 @@ import nbformat
 import numpy as np
 
 from autograder import course as course_mod
-from autograder import node_run, sandbox
+from autograder import cgroups, isolation, node_run, sandbox
 from mgpu.lesson10.slurm_horovod import ACTIVE_STATES
 
 #: The file of a course's cluster settings (the command line's flags override it).
@@ -121,7 +121,7 @@ class ClusterSettings:
         if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
             raise SlurmError(f"shared folder {folder} does not exist or is not writable: create it on the shared "
                              "file system, or pass another --shared-dir")
-        inside = [p for p in sandbox._needed_paths() if p == folder or folder in p.parents]
+        inside = [p for p in isolation.needed_paths() if p == folder or folder in p.parents]
         if inside:  # runs cannot see the shared folder, and they need these
             raise SlurmError(f"shared folder {folder} holds {inside[0]}, which every run needs (runs never see the "
                              "shared folder): pass a folder of its own, e.g. DIR/mgpu-grading")
@@ -219,7 +219,7 @@ class SlurmRunner:
     def sbatch_args(self, count: int, jobs: int | None) -> list[str]:
         """sbatch's options for an array of ``count`` runs of the profile (``jobs``: most at once)."""
         workers = self.profile.workers
-        mem = math.ceil(self.memory_mb * sandbox.CGROUP_MEMORY_FACTOR) + RUNNER_MEMORY_MB
+        mem = math.ceil(self.memory_mb * cgroups.CGROUP_MEMORY_FACTOR) + RUNNER_MEMORY_MB
         minutes = math.ceil((self.timeout_s + RUNNER_SLACK_S) / 60)
         args = [f"--array=0-{count - 1}" + (f"%{jobs}" if jobs else ""), f"--job-name={self.array_name}",
                 "--ntasks=1", f"--cpus-per-task={workers}", f"--mem={mem}M", f"--time={minutes}",
@@ -235,7 +235,7 @@ class SlurmRunner:
 
     def batch_script(self) -> str:
         """The array's script: the node's runner on this element's task, in ``python -I``."""
-        runner = sandbox.trusted_python("autograder.node_run", f"{self.folder}/tasks/$SLURM_ARRAY_TASK_ID")
+        runner = isolation.trusted_python("autograder.node_run", f"{self.folder}/tasks/$SLURM_ARRAY_TASK_ID")
         command = " ".join(shlex.quote(a) for a in runner[:-1]) + f' "{runner[-1]}"'
         return ("#!/bin/sh\n"
                 f"export PATH={_SEARCH} LANG=C.UTF-8\n"

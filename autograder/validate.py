@@ -26,14 +26,14 @@ def load_submission(path: Path, required_cells: dict) -> "nbformat.NotebookNode"
     The file is read as hostile data: a link, a fifo, a folder or a device is refused without being
     followed or opened for reading, and no more than :data:`MAX_NOTEBOOK_BYTES` are read.
     """
-    from autograder import sandbox
+    from autograder import safe_read
 
     path = Path(path)
     if not os.path.lexists(path):
         raise InvalidSubmission(f"no notebook {path.name} in the submission: submit the released notebook")
     try:
-        data = sandbox.read_path(path, MAX_NOTEBOOK_BYTES, fix="submit the notebook file itself")
-    except sandbox.Rejected as error:
+        data = safe_read.read_path(path, MAX_NOTEBOOK_BYTES, fix="submit the notebook file itself")
+    except safe_read.Rejected as error:
         if "larger than" in str(error):
             size = os.lstat(path).st_size
             raise InvalidSubmission(f"notebook is {size / 2**20:.1f} MB, more than the "

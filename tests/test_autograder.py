@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from autograder import course as course_mod
-from autograder import grade, measure, validate
+from autograder import epochs, grade, isolation, measure, safe_read, validate
 from autograder.measure import EpochMeasurement
 from mgpu import assessment
 
@@ -508,22 +508,20 @@ def test_the_clean_test_pass_imports_nothing_from_its_folder_and_sees_no_secret(
                                hide=[course_dir], work_parent=tmp_path / "runs")
     assert not results[0]["passed"] and "hvd.size()" in results[0]["evalue"]  # the real test ran, and failed
     assert "PLANTED" not in json.dumps(results)
-    from autograder import sandbox
-
-    if sandbox.isolation_available()[0]:
-        assert results[1]["stdout"].strip() == f"token None uid {sandbox.RUN_UID} course False", results[1]
+    if isolation.isolation_available()[0]:
+        assert results[1]["stdout"].strip() == f"token None uid {isolation.RUN_UID} course False", results[1]
     else:
         assert results[1]["stdout"].startswith("token None"), results[1]
 
 
 def test_facts_files_not_written_by_a_seen_worker_are_discarded():
-    from autograder import grade, sandbox
+    from autograder import grade
 
     files = {f"facts-{100 + rank}.json": json.dumps({"pid": 100 + rank, "rank": rank, "horovod_size": 2}).encode()
              for rank in range(2)}
     files["facts-999.json"] = json.dumps({"pid": 999, "rank": 0, "horovod_size": 2}).encode()
     files["facts-7.json"] = b"[" * 100000  # junk
-    files["facts-8.json"] = sandbox.Rejected("facts-8.json was not written by a Horovod worker the grader started")
+    files["facts-8.json"] = safe_read.Rejected("facts-8.json was not written by a Horovod worker the grader started")
     workers = {100: {"rank": 0, "size": 2, "host_pid": 5000}, 101: {"rank": 0, "size": 2, "host_pid": 5001}}
     # 100 is a seen worker; 101 claims rank 1 but horovodrun gave it rank 0; 999 and 7 were never seen.
     kept, discarded = grade.vet_facts(files, workers)
@@ -534,30 +532,26 @@ def test_run_files_are_read_as_hostile_data(tmp_path):
     """No link is followed, no fifo blocks, sizes are counted while reading, and the owner is checked."""
     import os
 
-    from autograder import sandbox
-
     (tmp_path / "good.json").write_text("{}")
     (tmp_path / "big.json").write_bytes(b"x" * 5000)
     os.symlink("/dev/zero", tmp_path / "zero.json")
     os.symlink(tmp_path / "good.json", tmp_path / "link.json")
     os.mkfifo(tmp_path / "fifo.json")
     (tmp_path / "folder.json").mkdir()
-    found = sandbox.read_outputs(tmp_path, r".*\.json", 1000, owner=None)
+    found = safe_read.read_outputs(tmp_path, r".*\.json", 1000, owner=None)
     assert found["good.json"] == b"{}"
     assert "larger than" in str(found["big.json"])
     assert "is a link" in str(found["zero.json"]) and "is a link" in str(found["link.json"])
     assert "not a regular file" in str(found["fifo.json"]) and "not a regular file" in str(found["folder.json"])
     owner = os.stat(tmp_path / "good.json").st_uid
-    assert "not written by a Horovod worker" in str(sandbox.read_outputs(tmp_path, "good.json", 1000, owner + 1)["good.json"])
+    assert "not written by a Horovod worker" in str(safe_read.read_outputs(tmp_path, "good.json", 1000, owner + 1)["good.json"])
 
 
 def test_each_epoch_file_is_kept_as_it_was_when_first_seen(tmp_path):
-    from autograder import sandbox
-
     output, keep = tmp_path / "output", tmp_path / "keep"
     output.mkdir()
     (output / "epoch_000.npz").write_bytes(b"first")
-    keeper = sandbox.EpochKeeper(output, keep, owner=None)
+    keeper = epochs.EpochKeeper(output, keep, owner=None)
     keeper.poll(1.0)
     (output / "epoch_000.npz").write_bytes(b"rewritten later")  # a placeholder overwritten after the fact
     (output / "epoch_001.npz").write_bytes(b"second")
@@ -569,13 +563,11 @@ def test_each_epoch_file_is_kept_as_it_was_when_first_seen(tmp_path):
 
 
 def test_a_run_that_saves_deletes_and_saves_again_cannot_fill_the_graders_disk(tmp_path, monkeypatch):
-    from autograder import sandbox
-
-    monkeypatch.setattr(sandbox, "MAX_KEPT_EPOCHS", 3)
-    monkeypatch.setattr(sandbox, "MAX_KEPT_BYTES", 250)
+    monkeypatch.setattr(epochs, "MAX_KEPT_EPOCHS", 3)
+    monkeypatch.setattr(epochs, "MAX_KEPT_BYTES", 250)
     output, keep = tmp_path / "output", tmp_path / "keep"
     output.mkdir()
-    keeper = sandbox.EpochKeeper(output, keep, owner=None)
+    keeper = epochs.EpochKeeper(output, keep, owner=None)
     for epoch in range(6):  # each file copied, then deleted: the run's own disk never fills
         (output / f"epoch_{epoch:03d}.npz").write_bytes(b"x" * 100)
         keeper.poll(float(epoch))

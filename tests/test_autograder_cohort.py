@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from autograder import cohort, sandbox
+from autograder import cohort, stop
 from autograder import course as course_mod
 from mgpu import assessment
 
@@ -103,7 +103,7 @@ def test_submissions_untouched_and_no_process_left(graded):
     for student in students:
         path = course_dir / "submitted" / student / "assessment" / "assessment.ipynb"
         assert course_mod.file_sha256(path) == hashes[student]
-    assert sandbox.processes_of_runs() == []
+    assert stop.processes_of_runs() == []
 
 
 def test_a_rerun_skips_what_is_graded(graded):
@@ -171,7 +171,7 @@ def test_on_slurm_nothing_is_left_and_a_rerun_skips_what_is_graded(graded_on_slu
     course_dir, shared, command, _, _ = graded_on_slurm
     assert list(shared.iterdir()) == []  # the staged cohort is gone
     assert slurm_cluster.run("squeue", "-h").stdout.strip() == ""
-    assert sandbox.processes_of_runs() == []
+    assert stop.processes_of_runs() == []
     rerun = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300, env=slurm_cluster.env)
     assert rerun.returncode == 0, rerun.stderr[-2000:]
     assert "skipping 3 submission(s) already graded" in rerun.stdout + rerun.stderr

@@ -17,7 +17,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from autograder import cohort, sandbox, slurm
+from autograder import cohort, safe_read, sandbox, slurm, stop
 from autograder import course as course_mod
 
 pytestmark = pytest.mark.slow
@@ -43,7 +43,7 @@ def _wait_running(cluster, timeout=60) -> str:
     while time.monotonic() < deadline:
         lines = cluster.run("squeue", "-h", "-r", "-o", "%i %T").stdout.split("\n")
         running = [line.split()[0] for line in lines if line.endswith(" RUNNING")]
-        if running and sandbox.processes_of_runs():  # the notebook's own processes are up on the node
+        if running and stop.processes_of_runs():  # the notebook's own processes are up on the node
             return running[0]
         time.sleep(0.2)
     raise AssertionError(f"no grading job ran within {timeout} s: {cluster.run('squeue', '-h').stdout}")
@@ -64,13 +64,13 @@ def test_stopping_the_grader_cancels_its_jobs_and_leaves_nothing(slurm_cluster, 
     output, _ = grader.communicate(timeout=60)
     assert grader.returncode != 0 and "cancelled Slurm job array" in output, output
     deadline = time.monotonic() + 30
-    while (slurm_cluster.run("squeue", "-h").stdout.strip() or sandbox.processes_of_runs()) \
+    while (slurm_cluster.run("squeue", "-h").stdout.strip() or stop.processes_of_runs()) \
             and time.monotonic() < deadline:
         time.sleep(0.2)
     print(f"\n[slurm] SIGTERM to the grader -> job {element} gone, no process left: {time.monotonic() - stopped:.1f} s")
     assert slurm_cluster.run("squeue", "-h").stdout.strip() == ""
     assert slurm_cluster.job(element)["JobState"] == "CANCELLED"
-    assert sandbox.processes_of_runs() == []
+    assert stop.processes_of_runs() == []
     assert list(shared.iterdir()) == [] and _no_record(course)
 
 
@@ -90,7 +90,7 @@ def test_a_killed_graders_jobs_are_cancelled_by_the_next_run(slurm_cluster, cour
     assert slurm_cluster.job(element)["JobState"] == "CANCELLED"
     record = json.loads((course / "autograder" / "assessment" / "time_out.json").read_text())
     assert (record["run_status"], record["reason"].split(";")[0]) == ("timeout", "timed out after 5 s")
-    assert list(shared.iterdir()) == [] and sandbox.processes_of_runs() == []
+    assert list(shared.iterdir()) == [] and stop.processes_of_runs() == []
 
 
 def test_a_run_over_the_jobs_memory_gets_the_memory_verdict(slurm_cluster, tmp_path):
@@ -110,7 +110,7 @@ def test_a_run_over_the_jobs_memory_gets_the_memory_verdict(slurm_cluster, tmp_p
     # verdict says whose cap it was.
     assert record["run_status"] == "memory" and record["reason"].startswith("memory limit exceeded"), record["reason"]
     assert "cluster's --mem is too small" in record["reason"] and not record["passed"], record["reason"]
-    assert sandbox.processes_of_runs() == []
+    assert stop.processes_of_runs() == []
 
 
 def test_slurms_own_time_and_memory_kills_get_the_local_verdicts(tmp_path, monkeypatch):
@@ -211,7 +211,7 @@ def test_the_grader_reads_the_shared_folder_as_hostile_data(tmp_path):
     assert got.epoch_files == {0: keep / "epoch_000.npz"} and (keep / "epoch_000.npz").read_bytes() == b"PK weights"
     assert "is a link" in got.epoch_rejected[1] and not (keep / "epoch_001.npz").exists()
     assert got.epoch_seen_s == {0: 4.0, 1: 8.0} and facts["facts-7.json"] == b"{}"
-    assert isinstance(facts["facts-8.json"], sandbox.Rejected)
+    assert isinstance(facts["facts-8.json"], safe_read.Rejected)
     # The record itself: a link is refused, and so is a file that is not a run's result.
     (task / "result" / "result.json").unlink()
     assert node_run.read_result(task, keep) is None  # not written (yet)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from autograder import sandbox
+from autograder import isolation
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]
@@ -21,11 +21,11 @@ from pathlib import Path
 checkout = Path(sys.argv[1])
 sys.path.insert(0, str(checkout))
 import nbformat
-from autograder import sandbox
-assert sandbox.REPO_ROOT == checkout.resolve(), (sandbox.REPO_ROOT, checkout)
+from autograder import isolation, sandbox
+assert isolation.REPO_ROOT == checkout.resolve(), (isolation.REPO_ROOT, checkout)
 runs = Path(sys.argv[2]) / "runs"
 runs.mkdir(parents=True)
-work = sandbox.RunFolder(runs / "work")
+work = isolation.RunFolder(runs / "work")
 notebook = nbformat.v4.new_notebook(metadata={"kernelspec": {"name": "python3", "language": "python",
                                                              "display_name": "Python 3"}})
 notebook.cells = [nbformat.v4.new_code_cell("import sys, mgpu, autograder\nprint('course at', mgpu.__file__)\n"
@@ -51,7 +51,7 @@ def _grade_one(python: str, checkout: Path, work: Path) -> dict:
 
 @pytest.fixture()
 def isolated():
-    available, why = sandbox.isolation_available()
+    available, why = isolation.isolation_available()
     if not available:
         pytest.skip(why)
 

@@ -12,7 +12,7 @@ import nbformat
 import psutil
 import pytest
 
-from autograder import sandbox
+from autograder import cgroups, epochs, isolation, sandbox
 
 pytestmark = pytest.mark.slow
 
@@ -20,7 +20,7 @@ pytestmark = pytest.mark.slow
 def _notebook(folder, *cells):
     runs = folder / "runs"  # the grader's folder of work folders
     runs.mkdir(exist_ok=True)
-    return _notebook_in(sandbox.RunFolder(runs / "work"), *cells)
+    return _notebook_in(isolation.RunFolder(runs / "work"), *cells)
 
 
 def _notebook_in(work, *cells):
@@ -72,7 +72,7 @@ def _outputs(notebook_json):
 
 def test_network_is_off_folders_are_hidden_the_kernel_cannot_write_output_and_nothing_survives(tmp_path, monkeypatch):
     monkeypatch.setenv("INSTRUCTOR_TOKEN", "s3cret")  # the grader's environment never reaches a run
-    available, why = sandbox.isolation_available()
+    available, why = isolation.isolation_available()
     if not available:
         pytest.skip(why)
     (tmp_path / "secret").mkdir()
@@ -156,14 +156,14 @@ for i in range(100000):
 def test_a_full_disk_is_named_with_its_cap(tmp_path, monkeypatch, where):
     if os.geteuid() != 0:
         pytest.skip("the run's own file system is a tmpfs only as root")
-    available, why = sandbox.isolation_available()
+    available, why = isolation.isolation_available()
     if where != "run" and not available:
         pytest.skip(why)
-    monkeypatch.setattr(sandbox, "TMP_MB", 16)
-    monkeypatch.setattr(sandbox, "SHM_MB", 16)
+    monkeypatch.setattr(isolation, "TMP_MB", 16)
+    monkeypatch.setattr(isolation, "SHM_MB", 16)
     runs = tmp_path / "runs"
     runs.mkdir()
-    work = sandbox.RunFolder(runs / "work", disk_mb=16)
+    work = isolation.RunFolder(runs / "work", disk_mb=16)
     folder = {"run": str(work.nb), "tmp": "/tmp", "shm": "/dev/shm"}[where]
     path = _notebook_in(work, FILL.format(folder=folder), "print('after')")
     result = _run(path)
@@ -179,7 +179,7 @@ def test_running_out_of_inodes_is_named_with_the_cap(tmp_path):
         pytest.skip("the run's own file system is a tmpfs only as root")
     runs = tmp_path / "runs"
     runs.mkdir()
-    work = sandbox.RunFolder(runs / "work", inodes=300)
+    work = isolation.RunFolder(runs / "work", inodes=300)
     result = _run(_notebook_in(work, MANY_FILES))
     assert result.status == "disk", (result.status, result.reason)
     assert result.reason.startswith("inode limit reached: the run's own file system held its cap of 300 files "
@@ -194,8 +194,8 @@ def test_a_dead_kernel_is_reported(tmp_path):
 
 
 def test_a_fork_bomb_is_stopped_at_the_task_limit_and_leaves_nothing(tmp_path):
-    available, why = sandbox.isolation_available()
-    probe = sandbox.RunCgroups("probe", 100)
+    available, why = isolation.isolation_available()
+    probe = cgroups.RunCgroups("probe", 100)
     has_pids = "pids" in probe.folders
     probe.remove()
     if not available or not has_pids:
@@ -218,19 +218,19 @@ def test_a_fork_bomb_is_stopped_at_the_task_limit_and_leaves_nothing(tmp_path):
 def test_the_host_is_an_allow_list_and_read_only(tmp_path):
     """A run sees the system and the course library, not the host's other folders (submissions,
     other courses, homes), and can write nowhere on the host: not /var/tmp, not /run/lock."""
-    available, why = sandbox.isolation_available()
+    available, why = isolation.isolation_available()
     if not available:
         pytest.skip(why)
     # A folder of submissions beside the project (under a top-level folder that is not the system's).
-    beside = Path(tempfile.mkdtemp(dir=sandbox.REPO_ROOT / "build" if (sandbox.REPO_ROOT / "build").is_dir()
-                                   else sandbox.REPO_ROOT, prefix="submissions-"))
+    beside = Path(tempfile.mkdtemp(dir=isolation.REPO_ROOT / "build" if (isolation.REPO_ROOT / "build").is_dir()
+                                   else isolation.REPO_ROOT, prefix="submissions-"))
     (beside / "alice.ipynb").write_text("alice's answer")
     writable = [p for p in ("/var/tmp", "/run/lock", "/var/lock") if os.path.isdir(p)]
     try:
         path = _notebook(tmp_path, f"""
             import os, mgpu, autograder
             print("submissions visible:", os.path.exists({str(beside / "alice.ipynb")!r}))
-            print("project visible:", sorted(os.listdir({str(sandbox.REPO_ROOT)!r})))
+            print("project visible:", sorted(os.listdir({str(isolation.REPO_ROOT)!r})))
             for place in {writable!r}:
                 try:
                     open(os.path.join(place, "left-by-a-run"), "w").write("x")
@@ -253,7 +253,7 @@ def test_the_host_is_an_allow_list_and_read_only(tmp_path):
 
 
 def test_the_run_is_not_root_and_cannot_undo_the_mounts(tmp_path):
-    available, why = sandbox.isolation_available()
+    available, why = isolation.isolation_available()
     if not available:
         pytest.skip(why)
     (tmp_path / "secret").mkdir()
@@ -268,13 +268,13 @@ def test_the_run_is_not_root_and_cannot_undo_the_mounts(tmp_path):
     result = _run(path)
     text = _outputs(result.notebook)
     assert result.status == "ok", result.reason
-    assert f"uid {sandbox.RUN_UID}" in text and "umount 0" not in text and "visible []" in text, text
+    assert f"uid {isolation.RUN_UID}" in text and "umount 0" not in text and "visible []" in text, text
 
 
 def _marked(proc, folder):
     """A process of a run whose work folder is under ``folder`` (other tests' runs are not ours)."""
     try:
-        return sandbox.GRADE_MARKER in proc.environ() and proc.cwd().startswith(str(folder))
+        return isolation.GRADE_MARKER in proc.environ() and proc.cwd().startswith(str(folder))
     except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, OSError):
         return False
 
@@ -304,18 +304,18 @@ print("seccomp of the kernel", seccomp, "and the workers",
 
 def test_horovod_workers_are_started_by_the_launch_service_as_their_own_user(tmp_path):
     """The kernel's launch.run goes through the sandbox's launch service; only its workers count."""
-    available, why = sandbox.isolation_available()
-    if not available or sandbox.RUN_UID == "-":
+    available, why = isolation.isolation_available()
+    if not available or isolation.RUN_UID == "-":
         pytest.skip(why or "runs as root")
     (tmp_path / "secret").mkdir()
     path = _notebook(tmp_path, HOROVOD_JOB)
     result = _run(path, timeout_s=300)
     assert result.status == "ok", result.reason
     text = _outputs(result.notebook)
-    assert f"workers ran as ({sandbox.WORKER_UID}, 2)" in text, text
+    assert f"workers ran as ({isolation.WORKER_UID}, 2)" in text, text
     # every process of the run works under the system-call filter (mode 2), the workers too
     assert """seccomp of the kernel ['2'] and the workers ['{"seccomp": "2"}', '{"seccomp": "2"}']""" in text, text
-    assert result.worker_uid == int(sandbox.WORKER_UID)
+    assert result.worker_uid == int(isolation.WORKER_UID)
     assert sorted(w["rank"] for w in result.horovod_workers.values()) == [0, 1]  # the fake is not one
     assert result.launched == [2] and sorted(w["rank"] for w in result.workers_that_ran().values()) == [0, 1]
 
@@ -356,16 +356,16 @@ def test_the_runs_cpu_is_split_between_the_workers_and_everything_else(tmp_path,
     each file was written, not taken when it was noticed)."""
     from autograder import grade
 
-    available, why = sandbox.isolation_available()
-    if not available or sandbox.RUN_UID == "-":
+    available, why = isolation.isolation_available()
+    if not available or isolation.RUN_UID == "-":
         pytest.skip(why or "runs as root")
-    poll = sandbox.EpochKeeper.poll
+    poll = epochs.EpochKeeper.poll
 
     def held_back(keeper, now):
         if set(keeper._names()) - set(keeper.seen):
             time.sleep(stall_s)
         poll(keeper, now)
-    monkeypatch.setattr(sandbox.EpochKeeper, "poll", held_back)
+    monkeypatch.setattr(epochs.EpochKeeper, "poll", held_back)
     (tmp_path / "secret").mkdir()
     result = _run(_notebook(tmp_path, CPU_JOB), timeout_s=300)
     assert result.status == "ok", result.reason

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from autograder import sandbox, syscall_filter
+from autograder import isolation, sandbox, syscall_filter
 
 pytestmark = pytest.mark.slow
 
@@ -77,21 +77,21 @@ def _probe(tmp_path: Path, refuse_errno: int) -> dict:
     work = tmp_path / f"runs-{refuse_errno}" / "work"
     work.mkdir(parents=True)
     (work / "probe.py").write_text(PROBE)
-    saved = sandbox.FILTER_ERRNO
-    sandbox.FILTER_ERRNO = refuse_errno
+    saved = isolation.FILTER_ERRNO
+    isolation.FILTER_ERRNO = refuse_errno
     try:
-        code, out, err = sandbox.run_isolated([sandbox.PYTHON, "-I", str(work / "probe.py"), json.dumps(numbers)],
+        code, out, err = sandbox.run_isolated([isolation.PYTHON, "-I", str(work / "probe.py"), json.dumps(numbers)],
                                               work, cwd=work, timeout_s=120, env={"PATH": "/usr/bin:/bin"},
                                               work_parent=work.parent)
     finally:
-        sandbox.FILTER_ERRNO = saved
+        isolation.FILTER_ERRNO = saved
     assert code == 0, (out, err)
     return json.loads(out.strip().splitlines()[-1])
 
 
 @pytest.fixture(scope="module")
 def probed(tmp_path_factory):
-    available, why = sandbox.isolation_available()
+    available, why = isolation.isolation_available()
     if not available:
         pytest.skip(why)
     folder = tmp_path_factory.mktemp("filter")
@@ -143,11 +143,11 @@ def test_without_libseccomp_the_grader_says_so(monkeypatch):
     monkeypatch.setattr(syscall_filter, "LIBSECCOMP", "libseccomp-missing.so.9")
     import ctypes.util
     monkeypatch.setattr(ctypes.util, "find_library", lambda name: None)
-    sandbox.filter_available.cache_clear()
+    isolation.filter_available.cache_clear()
     try:
-        ok, note = sandbox.isolation_available()
+        ok, note = isolation.isolation_available()
         assert not ok and note.count("\n") == 0
         assert "libseccomp not found: install it (apt-get install libseccomp2)" in note
         assert "without a system-call filter" in note
     finally:
-        sandbox.filter_available.cache_clear()
+        isolation.filter_available.cache_clear()

@@ -705,12 +705,12 @@ def imported_weights_disguised(context):
 def reads_the_host(context):
     """What else is on the grading machine: other courses' and folders' submissions, the project's
     git history (the instructor's source notebook), homes; and the host's writable places."""
-    from autograder import sandbox
+    from autograder import isolation
 
     project = Path(__file__).resolve().parents[2]
     # What a run must see (Python, the course library) and the folders above it: anything else found is a leak.
-    trees = sorted(str(p) for p in sandbox._needed_paths())
-    above = sorted({str(a) for p in sandbox._needed_paths() for a in p.parents})
+    trees = sorted(str(p) for p in isolation.needed_paths())
+    above = sorted({str(a) for p in isolation.needed_paths() for a in p.parents})
     return _attack_only(context, f'''
 import glob, os, subprocess
 found = []

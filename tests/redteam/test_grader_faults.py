@@ -12,7 +12,7 @@ import nbformat
 import pytest
 
 from autograder import course as course_mod
-from autograder import sandbox
+from autograder import cgroups, stop
 
 import corpus
 from test_redteam import ROOT, grade
@@ -67,7 +67,7 @@ def test_a_grader_killed_mid_cohort_leaves_no_process_and_its_rerun_grades_each_
     # Kill it while a submission runs (its kernel started), after at least one was recorded.
     running_since = None
     while time.monotonic() < deadline:
-        running = bool(list(results.glob("*.json")) and sandbox.processes_of_runs())
+        running = bool(list(results.glob("*.json")) and stop.processes_of_runs())
         running_since = (running_since or time.monotonic()) if running else None
         if running_since and time.monotonic() - running_since > 1.0:
             break
@@ -79,9 +79,9 @@ def test_a_grader_killed_mid_cohort_leaves_no_process_and_its_rerun_grades_each_
     grader.send_signal(signal.SIGKILL)
     grader.wait()
     gone_by = time.monotonic() + 15  # dying processes need a moment of CPU on a busy machine
-    while sandbox.processes_of_runs() and time.monotonic() < gone_by:
+    while stop.processes_of_runs() and time.monotonic() < gone_by:
         time.sleep(0.5)
-    assert sandbox.processes_of_runs() == [], f"the run outlived the grader: {_describe(sandbox.processes_of_runs())}"
+    assert stop.processes_of_runs() == [], f"the run outlived the grader: {_describe(stop.processes_of_runs())}"
     assert 0 < len(recorded_before) < len(CHEAP)
 
     rerun = grade(course_dir)
@@ -93,9 +93,9 @@ def test_a_grader_killed_mid_cohort_leaves_no_process_and_its_rerun_grades_each_
     lines = (results / "grades.csv").read_text().strip().splitlines()
     assert len(lines) == 1 + len(CHEAP)
     assert "cleaned up after an interrupted grading run" in rerun.stdout
-    for controller in sandbox.CONTROLLERS:
-        folder = sandbox._own_cgroup_dir(controller)
-        assert folder is None or not list(folder.glob(f"{sandbox.CGROUP_PREFIX}*"))
+    for controller in cgroups.CONTROLLERS:
+        folder = cgroups.own_cgroup_dir(controller)
+        assert folder is None or not list(folder.glob(f"{cgroups.CGROUP_PREFIX}*"))
 
 
 @pytest.mark.skipif(shutil.which("unshare") is None, reason="needs unshare to mount a small disk")

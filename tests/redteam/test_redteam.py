@@ -17,7 +17,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from autograder import certificates, sandbox
+from autograder import certificates, cgroups, stop
 from autograder import course as course_mod
 from mgpu.runtime import paths
 
@@ -102,10 +102,10 @@ def test_the_gradebook_holds_one_consistent_grade_per_submission(graded):
 def test_the_submissions_the_key_and_the_solution_are_untouched_and_no_process_is_left(graded):
     for path, digest in graded["before"].items():
         assert sha(path) == digest, path
-    assert sandbox.processes_of_runs() == []
-    for controller in sandbox.CONTROLLERS:
-        folder = sandbox._own_cgroup_dir(controller)
-        assert folder is None or not list(folder.glob(f"{sandbox.CGROUP_PREFIX}*"))
+    assert stop.processes_of_runs() == []
+    for controller in cgroups.CONTROLLERS:
+        folder = cgroups.own_cgroup_dir(controller)
+        assert folder is None or not list(folder.glob(f"{cgroups.CGROUP_PREFIX}*"))
 
 
 def test_nothing_outside_the_work_folder_is_readable_or_writable(graded):
