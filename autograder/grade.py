@@ -70,9 +70,10 @@ from mgpu import assessment
 DROPPED_PER_200 = 1
 WORK_PREFIX = "mgpu-grade-"
 #: A submission's path through the grader, in order: each is a method ``step_<name>`` of
-#: :class:`CohortGrader`, and only ``run`` is the runner's (:mod:`autograder.runners`). A rejected
-#: submission skips every step after the one that rejected it but the last: it is graded as the
-#: release, unexecuted.
+#: :class:`CohortGrader`, called by its name in :meth:`CohortGrader.start` (the steps before the run)
+#: and :meth:`CohortGrader.finish` (the run and the steps after it); only ``run`` is the runner's
+#: (:mod:`autograder.runners`). A rejected submission skips every step after the one that rejected
+#: it but the last: it is graded as the release, unexecuted.
 STEPS = ("validate", "rebuild", "run", "check", "measure", "grade")
 #: Threads that wait for a batch runner's runs and grade them (the runs themselves are elsewhere).
 BATCH_THREADS = 8
@@ -148,6 +149,7 @@ class Submission:
     submitted: object = None      # the notebook as the student sent it (validated)
     notebook: object = None       # the grader's notebook (rebuilt from the release)
     rejected: str = ""            # why it was rejected ('' when it was not)
+    spec: "runners.RunSpec | None" = None  # what the runner runs (made once it is rebuilt)
     parameters: dict = field(default_factory=dict)  # papermill's, as the run got them
     run: "sandbox.RunResult | None" = None
     facts_files: dict = field(default_factory=dict)  # the run's facts files as read (bytes, or why refused)
@@ -212,6 +214,10 @@ class CohortGrader:
         candidates = [self.course.root, data.cache_dir()]
         self.hidden = [p.resolve() for p in candidates if p.exists()
                        and not any(_inside(k, p.resolve()) for k in keep)]
+        # What every run shares, for the runner.
+        self.run_cohort = runners.Cohort(self.course.root, self.notebook_name, self.data_template, self.profile,
+                                         self.timeout_s, self.profile.memory_limit_mb, tuple(self.hidden),
+                                         self.isolate)
 
     def kept_images(self, student: str) -> np.ndarray:
         """The training images the submission gets, in its order: a few left out, chosen with the secret."""
@@ -226,6 +232,11 @@ class CohortGrader:
                 "data_dir": str(data_dir), "output_dir": str(output_dir),
                 "time_budget_s": float(self.profile.time_budget_s),
                 "target_accuracy": float(self.profile.target_accuracy)}
+
+    def run_spec(self, sub: "Submission") -> runners.RunSpec:
+        """What the runner runs for this (rebuilt) submission."""
+        return runners.RunSpec(self.run_cohort, sub.student, sub.tag, sub.notebook, self.kept_images(sub.student),
+                               self.run_parameters("", ""))
 
     # ---------------------------------------------------------------------- one submission
 
@@ -260,10 +271,12 @@ class CohortGrader:
         verdict.dataset_real, verdict.heldout = self.dataset_real, self.heldout
         submission = Submission(student, verdict, path, tag=f"{student[:20]}-{secrets.token_hex(4)}")
         try:
-            for step in STEPS[:STEPS.index("run")]:
-                self._step(step, submission)
+            self.step_validate(submission)
             if not submission.rejected:
-                self.runner.prepare(self, submission)
+                self.step_rebuild(submission)
+            if not submission.rejected:
+                submission.spec = self.run_spec(submission)
+                self.runner.prepare(submission.spec)
         except BaseException:
             submission.clean()
             raise
@@ -274,17 +287,14 @@ class CohortGrader:
         """The run (the runner's) and the steps after it: check, measure, grade."""
         began = time.monotonic()
         try:
-            for step in STEPS[STEPS.index("run"):-1]:
-                self._step(step, submission)
+            if not submission.rejected:  # a rejected submission is graded as the release, unexecuted
+                self.step_run(submission)
+                self.step_check(submission)
+                self.step_measure(submission)
         finally:
             submission.clean()
         submission.spent += time.monotonic() - began
         return self.step_grade(submission)
-
-    def _step(self, name: str, submission: "Submission") -> None:
-        if submission.rejected and name != "grade":
-            return  # a rejected submission is graded as the release, unexecuted
-        getattr(self, f"step_{name}")(submission)
 
     def step_validate(self, sub: "Submission") -> None:
         """The file is a notebook of sane size and shape, with the student's cells where they belong."""
@@ -322,8 +332,11 @@ class CohortGrader:
 
     def step_run(self, sub: "Submission") -> None:
         """The runner's: the notebook runs under the profile's limits, watched from outside."""
-        self.runner.run(self, sub)
+        out = self.runner.run(sub.spec)
+        sub.cleanup.extend(reversed(out.cleanup))  # removed last to first
+        sub.run, sub.facts_files, sub.parameters = out.run, out.facts_files, out.parameters
         run, verdict = sub.run, sub.verdict
+        verdict.run_host, verdict.slurm_job, verdict.queue_seconds = out.run_host, out.slurm_job, out.queue_seconds
         verdict.notebook_seconds, verdict.run_status = run.seconds, run.status
         verdict.peak_memory_mb, verdict.isolation = run.peak_memory_mb, run.isolation
 
@@ -935,7 +948,7 @@ def _grade_locked(grader: CohortGrader, submissions, force: bool, jobs, progress
         try:
             with records_mod.exclusive(work_root / ".lock", "work folder in use"):
                 grader.prepare(work_root)
-                runner.open(grader, work_root)
+                runner.open(grader.run_cohort, work_root)
                 disk_full = _run_steps(grader, todo, jobs, verdicts, progress, log)
         finally:
             runner.close()

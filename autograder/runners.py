@@ -11,17 +11,21 @@ grader's) and the facts files the run left, read as the sandbox reads them:
   the cluster's nodes share, where the same sandbox runs it on the node
   (:mod:`autograder.node_run`).
 
-A runner is used in this order: :meth:`open` once (the cohort's shared set-up), :meth:`prepare`
-per submission in the grader's thread (a batch runner stages it), :meth:`launch` once with every
-prepared submission (a batch runner submits them together), :meth:`run` per submission (in a
-worker thread: it returns when that run has ended), :meth:`cancel` when the grader is stopped, and
+A runner never sees the grader. It is used in this order: :meth:`open` once with the
+:class:`Cohort` (what every run shares: data, limits, workers, what to hide), :meth:`prepare` per
+submission with its :class:`RunSpec` (the rebuilt notebook, its images, papermill's parameters) in
+the grader's thread (a batch runner stages it), :meth:`launch` once with every prepared submission
+(a batch runner submits them together), :meth:`run` per submission (in a worker thread: it returns
+a :class:`RunOutput` when that run has ended), :meth:`cancel` when the grader is stopped, and
 :meth:`close` always.
 """
 
 from __future__ import annotations
 
 import shutil
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import nbformat
 import numpy as np
@@ -32,6 +36,53 @@ from autograder import isolation, safe_read, sandbox
 #: is about 200 bytes).
 FACTS_PATTERN = r"facts-\d+\.json"
 MAX_FACTS_BYTES = 64 * 1024
+
+
+@dataclass(frozen=True, eq=False)
+class Cohort:
+    """What every run of one grading shares; a runner's :meth:`open` gets it (never the grader)."""
+
+    course_root: Path        # the course (a batch runner names its jobs after it)
+    notebook_name: str       # the notebook's file name in a run, e.g. assessment.ipynb
+    data_template: Path      # the cohort's data folder (training and validation images), in the grader's work folder
+    profile: object          # the :class:`mgpu.assessment.Profile` graded on (its name and workers)
+    timeout_s: float         # the run is killed after this (the grader's clock)
+    memory_limit_mb: float   # resident memory of the run's whole process tree
+    hidden: tuple = ()       # folders the run must not see (the course, the data cache)
+    isolate: bool = True     # namespaces and the unprivileged user (off only for debugging)
+
+    @property
+    def workers(self) -> int:
+        return self.profile.workers
+
+
+@dataclass(frozen=True, eq=False)
+class RunSpec:
+    """What to run for one submission; a runner's :meth:`prepare` and :meth:`run` get it."""
+
+    cohort: Cohort
+    student: str
+    tag: str                 # its work folders' name (unique per grading run)
+    notebook: object         # the grader's notebook, rebuilt from the release (nbformat)
+    kept_images: np.ndarray  # the training images it gets, in its order (:meth:`CohortGrader.kept_images`)
+    parameters: dict         # papermill's, ``data_dir`` and ``output_dir`` empty (:meth:`parameters_in`)
+
+    def parameters_in(self, data_dir, output_dir) -> dict:
+        """papermill's parameters for a run whose data and output folders are these."""
+        return dict(self.parameters, data_dir=str(data_dir), output_dir=str(output_dir))
+
+
+@dataclass(frozen=True, eq=False)
+class RunOutput:
+    """What a runner's :meth:`run` hands back: the run, its facts files, and where it ran."""
+
+    run: sandbox.RunResult
+    facts_files: dict        # the run's facts files as read (bytes, or why refused)
+    parameters: dict         # papermill's, as the clean test pass gets them
+    cleanup: tuple[Callable[[], None], ...] = ()  # what to remove once the submission is measured, in order
+    run_host: str = ""       # the machine it ran on, when not the grader's (a Slurm node)
+    slurm_job: str = ""      # its Slurm job array element
+    queue_seconds: float = 0.0  # from submitting it to seeing it run (in a cluster's queue)
 
 
 def write_run_data(template: Path, keep: np.ndarray, folder: Path) -> None:
@@ -49,27 +100,33 @@ class LocalRunner:
     name = "local"
     batch = False  # each submission runs as its thread reaches its run step
 
-    def open(self, grader, work_root: Path) -> None:
+    def open(self, cohort: Cohort, work_root: Path) -> None:
         self.work_root = work_root
 
-    def prepare(self, grader, submission) -> None:
+    def prepare(self, spec: RunSpec) -> None:
         """Nothing to stage ahead: the run's own file system is made when it starts (it is memory)."""
 
     def launch(self, submissions, jobs: int) -> None:
         """Nothing to submit: :meth:`run` starts each run."""
 
-    def run(self, grader, submission) -> None:
-        folder = isolation.RunFolder(self.work_root / submission.tag)
-        keep = self.work_root / f"{submission.tag}-kept"  # the grader's: copies of the run's epoch files
-        submission.cleanup += [folder.remove, lambda: shutil.rmtree(keep, ignore_errors=True)]
-        write_run_data(grader.data_template, grader.kept_images(submission.student), folder.data)
-        nbformat.write(submission.notebook, folder.nb / grader.notebook_name)
-        submission.parameters = grader.run_parameters(folder.data, folder.output)
-        run = sandbox.run_notebook(folder, grader.notebook_name, submission.parameters, keep=keep,
-                                   timeout_s=grader.timeout_s, memory_limit_mb=grader.profile.memory_limit_mb,
-                                   hide=grader.hidden, work_parent=self.work_root, isolate=grader.isolate)
-        submission.run = run
-        submission.facts_files = safe_read.read_outputs(folder.output, FACTS_PATTERN, MAX_FACTS_BYTES, run.worker_uid)
+    def run(self, spec: RunSpec) -> RunOutput:
+        cohort = spec.cohort
+        folder = isolation.RunFolder(self.work_root / spec.tag)
+        keep = self.work_root / f"{spec.tag}-kept"  # the grader's: copies of the run's epoch files
+        cleanup = (lambda: shutil.rmtree(keep, ignore_errors=True), folder.remove)
+        try:
+            write_run_data(cohort.data_template, spec.kept_images, folder.data)
+            nbformat.write(spec.notebook, folder.nb / cohort.notebook_name)
+            parameters = spec.parameters_in(folder.data, folder.output)
+            run = sandbox.run_notebook(folder, cohort.notebook_name, parameters, keep=keep,
+                                       timeout_s=cohort.timeout_s, memory_limit_mb=cohort.memory_limit_mb,
+                                       hide=list(cohort.hidden), work_parent=self.work_root, isolate=cohort.isolate)
+            facts_files = safe_read.read_outputs(folder.output, FACTS_PATTERN, MAX_FACTS_BYTES, run.worker_uid)
+        except BaseException:
+            for remove in cleanup:
+                remove()
+            raise
+        return RunOutput(run, facts_files, parameters, cleanup)
 
     def cancel(self) -> None:
         """Runs in progress die with their threads' sandbox (nothing queued elsewhere)."""

@@ -47,7 +47,7 @@ import nbformat
 import numpy as np
 
 from autograder import course as course_mod
-from autograder import cgroups, isolation, node_run, sandbox
+from autograder import cgroups, isolation, node_run, runners, sandbox
 from mgpu.lesson10.slurm_horovod import ACTIVE_STATES
 
 #: The file of a course's cluster settings (the command line's flags override it).
@@ -182,10 +182,10 @@ class SlurmRunner:
         return subprocess.run([_which(args[0]) or args[0], *args[1:]], capture_output=True, text=True,
                               timeout=timeout)
 
-    def open(self, grader, work_root: Path) -> None:
+    def open(self, cohort: runners.Cohort, work_root: Path) -> None:
         """Cancel what a killed grader of this course left, and stage the cohort's data once."""
         self.work_root = work_root
-        self.array_name = job_name(grader.course.root)
+        self.array_name = job_name(cohort.course_root)
         stale = self._run("squeue", "-h", "-u", str(os.getuid()), "-n", self.array_name, "-o", "%A").stdout.split()
         if stale:
             self._run("scancel", "-u", str(os.getuid()), "-n", self.array_name)
@@ -194,25 +194,25 @@ class SlurmRunner:
             shutil.rmtree(old, ignore_errors=True)
         self.folder = self.shared / f"{self.array_name}-{secrets.token_hex(4)}"
         (self.folder / "tasks").mkdir(parents=True)
-        shutil.copytree(grader.data_template, self.folder / "data")
-        self.timeout_s = grader.timeout_s
-        self.memory_mb = grader.profile.memory_limit_mb
-        self.profile = grader.profile
-        self.hide = [str(self.shared), *map(str, grader.hidden)]  # the whole shared folder: other cohorts too
-        self.isolate = grader.isolate
+        shutil.copytree(cohort.data_template, self.folder / "data")
+        self.timeout_s = cohort.timeout_s
+        self.memory_mb = cohort.memory_limit_mb
+        self.profile = cohort.profile
+        self.hide = [str(self.shared), *map(str, cohort.hidden)]  # the whole shared folder: other cohorts too
+        self.isolate = cohort.isolate
 
-    def prepare(self, grader, submission) -> None:
+    def prepare(self, spec: runners.RunSpec) -> None:
         """Stage one submission: its notebook, its images' indices, its task."""
         task = _Task(len(self.tasks), self.folder / "tasks" / str(len(self.tasks)))
         task.folder.mkdir()
-        nbformat.write(submission.notebook, task.folder / grader.notebook_name)
-        np.save(task.folder / "keep.npy", grader.kept_images(submission.student))
-        parameters = grader.run_parameters("", "")  # the node puts its own folders in
+        nbformat.write(spec.notebook, task.folder / spec.cohort.notebook_name)
+        np.save(task.folder / "keep.npy", spec.kept_images)
+        parameters = spec.parameters  # the node puts its own folders in
         (task.folder / "task.json").write_text(json.dumps({
-            "notebook": grader.notebook_name, "parameters": parameters, "timeout_s": self.timeout_s,
+            "notebook": spec.cohort.notebook_name, "parameters": parameters, "timeout_s": self.timeout_s,
             "memory_limit_mb": self.memory_mb, "isolate": self.isolate, "hide": self.hide,
-            "student": submission.student}))
-        self.tasks[submission.student] = task
+            "student": spec.student}))
+        self.tasks[spec.student] = task
 
     # -------------------------------------------------------------------------- the array
 
@@ -291,31 +291,34 @@ class SlurmRunner:
                 shown = text
             self._stop.wait(POLL_S)
 
-    def run(self, grader, submission) -> None:
+    def run(self, spec: runners.RunSpec) -> runners.RunOutput:
         """Wait for the submission's element to end; take its result as the local backend would."""
-        task = self.tasks[submission.student]
+        task = self.tasks[spec.student]
         while not task.ended.wait(1.0):
             if self.cancelled.is_set():
                 raise SlurmError("grading was stopped: the Slurm jobs were cancelled")
-        submission.verdict.slurm_job = f"{self.job_id}_{task.index}"
-        submission.verdict.run_host = task.node
-        submission.verdict.queue_seconds = round((task.started_at or task.ended_at) - self.submitted_at, 1)
-        keep = self.work_root / f"{submission.tag}-kept"  # the grader's copies of the epoch files
-        submission.cleanup.append(lambda: shutil.rmtree(keep, ignore_errors=True))
-        deadline = task.ended_at + RESULT_GRACE_S
-        found = node_run.read_result(task.folder, keep)
-        while found is None and task.state == "COMPLETED" and time.monotonic() < deadline:
-            time.sleep(1.0)  # a network file system shows the result a little later
+        keep = self.work_root / f"{spec.tag}-kept"  # the grader's copies of the epoch files
+        cleanup = (lambda: shutil.rmtree(keep, ignore_errors=True),)
+        try:
+            deadline = task.ended_at + RESULT_GRACE_S
             found = node_run.read_result(task.folder, keep)
-        run, submission.facts_files = self.outcome(task, found)
+            while found is None and task.state == "COMPLETED" and time.monotonic() < deadline:
+                time.sleep(1.0)  # a network file system shows the result a little later
+                found = node_run.read_result(task.folder, keep)
+            run, facts_files = self.outcome(task, found)
+        except BaseException:
+            for remove in cleanup:
+                remove()
+            raise
         shutil.rmtree(task.folder, ignore_errors=True)  # collected: the shared folder holds only what runs
-        # the grader's own parameters (the clean test pass puts its folders in), never the record's
-        submission.parameters = grader.run_parameters("", "")
         if os.geteuid() != 0:  # what the grader knows, whatever the result says
             run.isolation = "; ".join(n for n in (
                 f"the Slurm job ran as uid {os.geteuid()}, not root: the node's sandbox could not isolate the run, "
                 "and the run could have written its own result", run.isolation) if n)
-        submission.run = run
+        # the grader's own parameters (the clean test pass puts its folders in), never the record's
+        return runners.RunOutput(run, facts_files, spec.parameters, cleanup, run_host=task.node,
+                                 slurm_job=f"{self.job_id}_{task.index}",
+                                 queue_seconds=round((task.started_at or task.ended_at) - self.submitted_at, 1))
 
     def outcome(self, task: _Task, found) -> tuple[sandbox.RunResult, dict]:
         """The run and its facts files, from the element's result and its final state:

@@ -719,3 +719,59 @@ def test_an_epoch_whose_change_cannot_be_told_never_counts_as_moved():
     assert measure._relative(same, same.copy()) == 0.0
     assert measure._relative(np.array([1.0, np.inf]), np.array([1.0, 2.0])) == 0.0
     assert measure._relative(np.array([1.0, 2.2]), np.array([1.0, 2.0])) > 0.05
+
+
+def _stepping_grader(calls: list, rejected_at: str = ""):
+    """A grader whose steps (but the run) only note that they ran, with a runner that notes what it got."""
+    from types import SimpleNamespace
+
+    from autograder import runners, sandbox
+
+    def step(name):
+        def noted(sub):
+            calls.append(name)
+            if name == rejected_at:
+                sub.rejected = f"rejected at {name}"
+            return sub.verdict if name == "grade" else None
+        return noted
+
+    class Runner:
+        name = "local"
+
+        def prepare(self, spec):
+            calls.append(("prepare", spec))
+
+        def run(self, spec):
+            calls.append(("run", spec))
+            result = sandbox.RunResult(status="ok", reason="", seconds=1.0, notebook=None)
+            return runners.RunOutput(result, {}, spec.parameters_in("d", "o"), (lambda: calls.append("cleaned"),))
+
+    grader = grade.CohortGrader.__new__(grade.CohortGrader)
+    grader.course = SimpleNamespace(assignment="assessment", submitted_dir=lambda student: Path("/nonexistent"))
+    grader.notebook_id, grader.notebook_name, grader.profile = "assessment", "assessment.ipynb", assessment.profile("cpu", 2)
+    grader.dataset_name = grader.fingerprint = grader.heldout = ""
+    grader.dataset_real, grader.runner, grader.secret = False, Runner(), 7
+    grader.x_train = np.zeros((200, 1))
+    grader.run_cohort = runners.Cohort(Path("/course"), "assessment.ipynb", Path("/data"), grader.profile, 60.0, 4000.0)
+    for name in grade.STEPS:
+        if name != "run":
+            setattr(grader, f"step_{name}", step(name))
+    return grader
+
+
+def test_every_step_runs_in_the_declared_order_and_the_runner_gets_a_run_spec_not_the_grader():
+    from autograder import runners
+
+    calls = []
+    verdict = _stepping_grader(calls).grade("ada")
+    names = [c[0] if isinstance(c, tuple) else c for c in calls]
+    assert names == ["validate", "rebuild", "prepare", "run", "check", "measure", "cleaned", "grade"]
+    assert [n for n in names if n in grade.STEPS] == list(grade.STEPS)
+    (_, prepared), (_, ran) = calls[2], calls[3]
+    assert prepared is ran and isinstance(ran, runners.RunSpec) and ran.student == "ada"
+    assert ran.cohort.workers == 2 and len(ran.kept_images) == 199
+    assert ran.parameters["data_dir"] == "" and verdict.run_status == "ok"
+    for rejected_at, expected in (("validate", ["validate", "grade"]), ("rebuild", ["validate", "rebuild", "grade"])):
+        calls = []
+        _stepping_grader(calls, rejected_at).grade("ada")
+        assert calls == expected  # a rejected submission is graded as the release, unexecuted
