@@ -61,7 +61,7 @@ import numpy as np
 
 from autograder import checks
 from autograder import course as course_mod
-from autograder import isolation, measure, report, runners, safe_read, sandbox, stop, validate
+from autograder import isolation, measure, outcomes, report, runners, safe_read, sandbox, stop, validate
 from autograder import records as records_mod
 from autograder.records import load_verdicts
 from mgpu import assessment
@@ -174,6 +174,7 @@ class CohortGrader:
     def __init__(self, course_dir, assignment: str, profile: assessment.Profile, *, isolate: bool = True,
                  timeout_s: float | None = None, runner=None, log=print):
         self.course = course_mod.Course(course_dir, assignment)
+        self.outcome = outcomes.outcome_for(assignment)  # what a run must achieve (the assignment's)
         self.profile = profile
         self.runner = runner or runners.LocalRunner()
         self.isolate = isolate
@@ -207,7 +208,8 @@ class CohortGrader:
             x_test, y_test = synthetic.generate_private(self.secret, self.profile.test_images)
             self.heldout = f"{len(x_test)} private images of the generated task (course secret)"
         self.dataset_name, self.fingerprint, self.dataset_real = dataset.name, dataset.fingerprint, dataset.real
-        self.measurer = measure.Measurer(x_test, y_test, dataset.image_shape, dataset.num_classes)
+        self.outcome.open(outcomes.Context(self.profile, x_test, y_test, dataset.image_shape, dataset.num_classes,
+                                           self.heldout, dataset.name))
         # What the run must not see: the course (gradebook, source, other students, signing key,
         # secret), the data cache.
         keep = [Path(sys.prefix).resolve(), isolation.REPO_ROOT / "mgpu", work_root]
@@ -229,9 +231,7 @@ class CohortGrader:
     def run_parameters(self, data_dir, output_dir) -> dict:
         """papermill's parameters for a run whose data and output folders are these."""
         return {"workers": self.profile.workers, "profile": self.profile.name,
-                "data_dir": str(data_dir), "output_dir": str(output_dir),
-                "time_budget_s": float(self.profile.time_budget_s),
-                "target_accuracy": float(self.profile.target_accuracy)}
+                "data_dir": str(data_dir), "output_dir": str(output_dir), **self.outcome.parameters(self.profile)}
 
     def run_spec(self, sub: "Submission") -> runners.RunSpec:
         """What the runner runs for this (rebuilt) submission."""
@@ -371,33 +371,24 @@ class CohortGrader:
             self.run_tests_cleanly(sub.executed, facts, sub.parameters, sub.tag)
 
     def step_measure(self, sub: "Submission") -> None:
-        """Every saved epoch on the held-out images, on the run's clock; the outcome cell says what was found."""
+        """The assignment's outcome, judged by the grader (:mod:`autograder.outcomes`: for the assessment,
+        every saved epoch on the held-out images, on the run's clock); the outcome cell says what was found."""
         run, verdict, executed = sub.run, sub.verdict, sub.executed
-        epochs = self.measurer.measure(run.epoch_files, run.epoch_seen_s, run.epoch_rejected)
-        outcome = measure.decide(epochs, self.profile.target_accuracy, self.profile.time_budget_s,
-                                 first_epoch_accuracy=self.profile.first_epoch_accuracy)
-        verdict.epochs = [asdict(e) for e in outcome.epochs]
-        verdict.accuracy = outcome.best_accuracy
-        verdict.reached_seconds = outcome.reached_seconds
-        verdict.review = outcome.review
+        judged = self.outcome.judge(run)
+        for name, value in judged.record.items():
+            setattr(verdict, name, value)
 
         course_mod.mark_unexecuted_tests(executed, run.reason or "an earlier cell failed")
-        lines = [f"Measured by the grader on {self.heldout} ({self.dataset_name}); target "
-                 f"{self.profile.target_accuracy:.3f} for {assessment.CONSECUTIVE_EPOCHS} consecutive epochs "
-                 f"within {self.profile.time_budget_s:.0f} s.",
-                 "epoch  seen at (s)  accuracy"]
-        lines += [f"{e.epoch:5d}  {e.seconds:11.1f}  " + (f"{e.accuracy:.3f}" if e.accuracy is not None
-                                                           else f"rejected: {e.rejected}")
-                  for e in outcome.epochs]
-        lines.append(("PASSED: " if outcome.passed else "NOT REACHED: ") + outcome.reason)
+        passed, reason = judged.passed, judged.reason
+        lines = [*judged.lines, ("PASSED: " if passed else "NOT REACHED: ") + reason]
         idle = not_data_parallel(run)
-        if idle and outcome.passed:  # reached, but not by data-parallel training: the outcome is not met
-            outcome.passed, outcome.reason = False, idle
+        if idle and passed:  # reached, but not by data-parallel training: the outcome is not met
+            passed, reason = False, idle
             lines[-1] = "NOT REACHED: " + idle
-        course_mod.set_outcome(executed, outcome.passed, lines, outcome.reason)
-        if not outcome.passed and outcome.reason not in verdict.reasons:
-            verdict.reasons.append(outcome.reason)
-        verdict.passed = verdict.outcome_passed = outcome.passed  # tests are added in step_grade
+        course_mod.set_outcome(executed, passed, lines, reason)
+        if not passed and reason not in verdict.reasons:
+            verdict.reasons.append(reason)
+        verdict.passed = verdict.outcome_passed = passed  # tests are added in step_grade
         if verdict.horovod_workers_seen != self.profile.workers and run.status == "ok":
             verdict.passed = False
 

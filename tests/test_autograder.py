@@ -725,7 +725,7 @@ def _stepping_grader(calls: list, rejected_at: str = ""):
     """A grader whose steps (but the run) only note that they ran, with a runner that notes what it got."""
     from types import SimpleNamespace
 
-    from autograder import runners, sandbox
+    from autograder import outcomes, runners, sandbox
 
     def step(name):
         def noted(sub):
@@ -751,7 +751,7 @@ def _stepping_grader(calls: list, rejected_at: str = ""):
     grader.notebook_id, grader.notebook_name, grader.profile = "assessment", "assessment.ipynb", assessment.profile("cpu", 2)
     grader.dataset_name = grader.fingerprint = grader.heldout = ""
     grader.dataset_real, grader.runner, grader.secret = False, Runner(), 7
-    grader.x_train = np.zeros((200, 1))
+    grader.x_train, grader.outcome = np.zeros((200, 1)), outcomes.AccuracyInTime()
     grader.run_cohort = runners.Cohort(Path("/course"), "assessment.ipynb", Path("/data"), grader.profile, 60.0, 4000.0)
     for name in grade.STEPS:
         if name != "run":
@@ -775,3 +775,35 @@ def test_every_step_runs_in_the_declared_order_and_the_runner_gets_a_run_spec_no
         calls = []
         _stepping_grader(calls, rejected_at).grade("ada")
         assert calls == expected  # a rejected submission is graded as the release, unexecuted
+
+
+def test_an_assignment_plugs_in_its_own_outcome_without_touching_the_pipeline(monkeypatch):
+    from types import SimpleNamespace
+
+    from autograder import outcomes, sandbox
+
+    class Halted:  # another assignment's outcome: here, the run ended well
+        def parameters(self, profile):
+            return {"steps": 3}
+
+        def open(self, context):
+            self.context = context
+
+        def judge(self, run):
+            return outcomes.Judgement(run.status == "ok", "it halted", ["what was measured"], {"accuracy": 1.0})
+
+    monkeypatch.setitem(outcomes.OUTCOMES, "another", Halted)
+    grader = _stepping_grader([])
+    grader.outcome = outcomes.outcome_for("another")
+    assert grader.run_parameters("d", "o") == {"workers": 2, "profile": "cpu", "data_dir": "d", "output_dir": "o",
+                                               "steps": 3}
+    cell = nbformat.v4.new_code_cell("", metadata={"nbgrader": {
+        "grade_id": "outcome", "grade": True, "solution": False, "locked": True, "points": 1, "schema_version": 3}})
+    verdict = grade.Verdict("ada", "another", "", False, [], horovod_workers_seen=2)
+    sub = SimpleNamespace(run=sandbox.RunResult(status="ok", reason="", seconds=1.0, notebook=None), verdict=verdict,
+                          executed=nbformat.v4.new_notebook(cells=[cell]))
+    grade.CohortGrader.step_measure(grader, sub)  # the pipeline's own step (the helper stubs it)
+    assert verdict.passed and verdict.outcome_passed and verdict.accuracy == 1.0
+    assert cell.outputs[0]["text"] == "what was measured\nPASSED: it halted\n"
+    with pytest.raises(course_mod.CourseError, match="autograder.outcomes.OUTCOMES"):
+        outcomes.outcome_for("nope")
