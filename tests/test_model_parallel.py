@@ -365,3 +365,190 @@ def test_the_09_exercise_test_rejects_the_stub_and_wrong_blocks(answer, complain
     _, released = _tp_cells()
     with pytest.raises(AssertionError, match=complaint):
         _run_tp_exercise(released["tensor_parallel_mlp_solution"] if answer is None else answer)
+
+
+# --------------------------------------------------------------------------------------------
+# Schedules as orders (GPipe, 1F1B): validity, stashes, the bubble on ideal devices
+
+
+def _one_f_one_b(stages, micro_batches):
+    """A reference 1F1B order (the notebook's exercise has its own)."""
+    order = []
+    for s in range(stages):
+        warmup = min(stages - s - 1, micro_batches)
+        entries = [("F", m) for m in range(warmup)]
+        for m in range(warmup, micro_batches):
+            entries += [("F", m), ("B", m - warmup)]
+        order.append(entries + [("B", m) for m in range(micro_batches - warmup, micro_batches)])
+    return order
+
+
+@pytest.mark.parametrize("stages, micro_batches", [(1, 1), (1, 4), (2, 1), (3, 2), (4, 4), (4, 8), (5, 16)])
+def test_gpipe_and_1f1b_orders_are_valid_share_the_bubble_and_stash_m_against_at_most_n(stages, micro_batches):
+    for make, stashed in ((mp.gpipe_order, micro_batches), (_one_f_one_b, min(stages, micro_batches))):
+        order = make(stages, micro_batches)
+        assert mp.schedule_problems(order, stages, micro_batches) == []
+        assert max(mp.stash_peaks(order)) == stashed
+        for backward in (1, 2, 3):
+            ticks = mp.simulate_order(order, t_forward=1, t_backward=backward)
+            assert max(i.end for i in ticks) == (micro_batches + stages - 1) * (1 + backward)
+            assert mp.idle_fraction(ticks, stages) == pytest.approx(mp.bubble_fraction(stages, micro_batches))
+    assert mp.stash_peaks(_one_f_one_b(stages, micro_batches)) == [min(stages - s, micro_batches) for s in range(stages)]
+
+
+def test_schedule_problems_names_what_is_wrong():
+    assert "2 lists for 3 stages" in mp.schedule_problems(mp.gpipe_order(2, 2), 3, 2)[0]
+    missing = [[("F", 0), ("B", 0)], [("F", 0), ("F", 1), ("B", 1), ("B", 0)]]
+    assert "stage 0 must do" in mp.schedule_problems(missing, 2, 2)[0]
+    backward_first = [[("B", 0), ("F", 0)]]
+    assert "before its forward" in mp.schedule_problems(backward_first, 1, 1)[0]
+    # Stage 0 waits for the backward of micro-batch 1 before the forward that stage 1 needs first: a deadlock.
+    crossed = [[("F", 1), ("B", 1), ("F", 0), ("B", 0)], [("F", 0), ("B", 0), ("F", 1), ("B", 1)]]
+    assert "deadlock" in mp.schedule_problems(crossed, 2, 2)[0]
+    assert mp.schedule_problems("nonsense", 1, 1)
+    with pytest.raises(RuntimeError, match="deadlock"):
+        mp.simulate_order(crossed)
+
+
+def _schedule_cells():
+    import nbformat
+
+    from mgpu.runtime import course, labs
+
+    path = next(p for p in course.course_notebooks() if p.name.startswith("09_"))
+    notebook = nbformat.read(path, as_version=4)
+    by_id = {c.metadata["nbgrader"]["grade_id"]: c.source for c in notebook.cells if "nbgrader" in c.metadata}
+    released = {c.metadata["nbgrader"]["grade_id"]: c.source for c in labs.release(notebook).cells
+                if "nbgrader" in c.metadata}
+    return by_id, released
+
+
+def _run_schedule_exercise(solution_source):
+    by_id, _ = _schedule_cells()
+    namespace = {"model_parallel": mp, "np": np}
+    exec(compile(solution_source, "one_f_one_b_order_solution", "exec"), namespace)
+    exec(compile(by_id["one_f_one_b_order_tests"], "one_f_one_b_order_tests", "exec"), namespace)
+    return namespace["one_f_one_b_order"]
+
+
+def test_the_09_schedule_exercise_passes_the_solution_which_is_1f1b():
+    by_id, _ = _schedule_cells()
+    order = _run_schedule_exercise(by_id["one_f_one_b_order_solution"])
+    for n, m in [(3, 7), (4, 2)]:
+        assert order(n, m) == _one_f_one_b(n, m)
+
+
+SCHEDULE_GPIPE = "def one_f_one_b_order(stages, micro_batches):\n    return model_parallel.gpipe_order(stages, micro_batches)\n"
+SCHEDULE_ONE_AT_A_TIME = ("def one_f_one_b_order(stages, micro_batches):\n"
+                          "    return [[e for m in range(micro_batches) for e in (('F', m), ('B', m))] for _ in range(stages)]\n")
+SCHEDULE_LONG_WARMUP = '''
+def one_f_one_b_order(stages, micro_batches):
+    order = []
+    for s in range(stages):
+        warmup = min(stages - s, micro_batches)
+        entries = [("F", m) for m in range(warmup)]
+        for m in range(warmup, micro_batches):
+            entries += [("F", m), ("B", m - warmup)]
+        order.append(entries + [("B", m) for m in range(micro_batches - warmup, micro_batches)])
+    return order
+'''
+SCHEDULE_BACKWARD_FIRST = '''
+def one_f_one_b_order(stages, micro_batches):
+    order = []
+    for s in range(stages):
+        warmup = min(stages - s - 1, micro_batches)
+        entries = [("F", m) for m in range(warmup)]
+        for m in range(warmup, micro_batches):
+            entries += [("B", m - warmup), ("F", m)] if m > warmup else [("F", m), ("B", m - warmup)]
+        order.append(entries + [("B", m) for m in range(micro_batches - warmup, micro_batches)])
+    return order
+'''
+
+
+@pytest.mark.parametrize("answer, complaint", [
+    (None, "NotImplementedError"),                   # the learner's copy, untouched
+    (SCHEDULE_GPIPE, "micro-batches stashed"),       # GPipe: M stashed
+    (SCHEDULE_ONE_AT_A_TIME, "idles"),               # one micro-batch at a time: valid, 1 stashed, no pipelining
+    (SCHEDULE_LONG_WARMUP, "micro-batches stashed"),  # one warm-up forward too many: N + 1 stashed on stage 0
+    (SCHEDULE_BACKWARD_FIRST, "before its forward|deadlock|idles"),  # a backward before its forward
+], ids=["stub", "gpipe", "one-at-a-time", "long-warm-up", "backward-first"])
+def test_the_09_schedule_exercise_rejects_the_stub_and_wrong_orders(answer, complaint):
+    _, released = _schedule_cells()
+    if answer is None:
+        with pytest.raises(NotImplementedError):
+            _run_schedule_exercise(released["one_f_one_b_order_solution"])
+        return
+    with pytest.raises(AssertionError, match=complaint):
+        _run_schedule_exercise(answer)
+
+
+# --------------------------------------------------------------------------------------------
+# Stages as processes: the same gradients as the whole batch, the stashes counted
+
+
+def test_numpy_stages_give_the_gradient_of_the_whole_model():
+    rng = np.random.default_rng(2)
+    x, y = rng.normal(size=(6, 5)).astype(np.float32), rng.integers(0, 3, 6)
+    weights = [mp._dense_weights(5, 1, 3, s == 1, [4, s]) for s in range(2)]
+    got = mp.reference_gradients(x, y, stages=2, width=5, layers=1, classes=3, seed=4)
+    # Finite differences on one weight of stage 0.
+    def loss(w00):
+        w = [list(weights[0]), weights[1]]
+        w[0][0] = weights[0][0].astype(np.float64).copy()
+        w[0][0][1, 2] = w00
+        h = np.maximum(x @ w[0][0], 0)
+        h = np.maximum(h @ w[1][0], 0)
+        logits = h @ w[1][1]
+        logits = logits - logits.max(axis=1, keepdims=True)
+        return float(np.mean(np.log(np.exp(logits).sum(axis=1)) - logits[np.arange(6), y]))
+    w00 = float(weights[0][0][1, 2])
+    numeric = (loss(w00 + 1e-4) - loss(w00 - 1e-4)) / 2e-4
+    assert got[1 * 5 + 2] == pytest.approx(numeric, rel=1e-2, abs=1e-5)
+
+
+@pytest.mark.slow
+def test_stage_processes_give_the_whole_batchs_gradient_and_count_the_stashes():
+    rng = np.random.default_rng(1)
+    x, y = rng.normal(size=(24, 16)).astype(np.float32), rng.integers(0, 10, 24)
+    reference = mp.reference_gradients(x, y, stages=3, width=16, layers=2, classes=10, seed=5)
+    with mp.ProcessPipeline(3, 16, 2, seed=5, timeout=120) as pipe:
+        math = pipe.calibrate(4, repeats=2)
+        assert math["forward_s"] > 0 and math["backward_s"] > 0
+        for make, stashed in ((mp.gpipe_order, 6), (_one_f_one_b, 3)):
+            for device in (None, {"forward_s": 2e-4, "backward_s": 4e-4}):
+                run = pipe.step(make(3, 6), x, y, 6, device)
+                np.testing.assert_allclose(run["gradients"], reference, rtol=1e-5, atol=1e-6)
+                assert max(run["peak_stashed"]) == stashed
+                assert len(run["intervals"]) == 2 * 3 * 6 and 0 <= run["idle"] < 1
+                if device:  # every call lasts at least its device time
+                    assert all(i.end - i.start >= 0.9 * 4 * (2e-4 if i.kind == "F" else 4e-4) for i in run["intervals"])
+
+
+# --------------------------------------------------------------------------------------------
+# The layout cost model on a hand case
+
+
+def test_the_layout_cost_model_on_a_hand_case():
+    gpt = mp.GPT(layers=4, hidden=10, heads=2, vocab=20, sequence=5)
+    assert gpt.parameters == pytest.approx(12 * 4 * 100 + 13 * 4 * 10 + (20 + 5) * 10)  # 5570
+    memory = mp.layout_memory(gpt, tp=2, pp=2, dp=3, micro_batch=1, micro_batches=5)
+    psi = 5570 / 4
+    assert memory["weights"] == pytest.approx(2 * psi) and memory["gradients"] == pytest.approx(2 * psi)
+    assert memory["optimizer"] == pytest.approx(12 * psi)
+    layer = 5 * 1 * 10 * (10 + 24 / 2 + 5 * 2 * 5 / (10 * 2))  # 1225 bytes per layer and micro-batch
+    assert memory["activations"] == pytest.approx(2 * 2 * (2 * 5 * 10) + layer)  # 2 in flight x 2 layers x inputs
+    assert memory["total"] == pytest.approx(16 * psi + 400 + layer)
+    assert mp.layout_memory(gpt, tp=2, pp=2, dp=3, micro_batch=1, micro_batches=5, zero1=True)["optimizer"] == pytest.approx(4 * psi)
+    assert mp.layout_memory(gpt, tp=2, pp=2, dp=3, micro_batch=1, micro_batches=1, recompute=False)["activations"] \
+        == pytest.approx(1 * 2 * layer)
+    step = mp.layout_step(gpt, gpus=12, tp=2, pp=2, batch=6, micro_batch=1, flops_per_gpu=1e3,
+                          intra_node_bytes_per_s=100.0, inter_node_bytes_per_s=10.0)
+    assert step["dp"] == 3 and step["micro_batches"] == 2 and step["bubble"] == pytest.approx(1 / 3)
+    assert step["bytes_sent"]["tensor parallel"] == pytest.approx(6 * 2 * 2 * 1.0 * 100)  # 6 per layer, 2 layers, M = 2
+    assert step["bytes_sent"]["data parallel"] == pytest.approx(4 / 3 * 2 * psi)
+    assert step["bytes_sent"]["pipeline"] == pytest.approx(2 * 2 * 100)
+    compute = gpt.flops_per_step(6) / (12 * 1e3)
+    assert step["step_s"] == pytest.approx(compute * 1.5 + 2400 / 100 + (4 / 3 * 2 * psi + 400) / 10)
+    with pytest.raises(ValueError):
+        mp.layout_step(gpt, gpus=12, tp=2, pp=2, batch=4, micro_batch=1, flops_per_gpu=1.0,
+                       intra_node_bytes_per_s=1.0, inter_node_bytes_per_s=1.0)

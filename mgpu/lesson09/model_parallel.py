@@ -23,7 +23,16 @@ placement with ``tf.device`` are written in the notebook):
   hardware lets them;
 - :func:`idle_fraction`: the measured bubble, 1 - (busy time summed over stages) / (N x span);
 - :func:`hybrid_plan`: the numbers of a hybrid data + pipeline parallel layout (devices, bubble,
-  bytes moved between stages and by the all-reduce of each stage's gradients).
+  bytes moved between stages and by the all-reduce of each stage's gradients);
+- schedules as *orders* (one list per stage of forwards and backwards): :func:`gpipe_order`,
+  :func:`schedule_problems` (is an order valid?), :func:`simulate_order` (its timeline on ideal devices)
+  and :func:`stash_peaks` (the micro-batches each stage holds, counted); the notebook's exercise writes 1F1B;
+- :class:`ProcessPipeline`: stages as processes (numpy, joined by queues), each optionally a modelled
+  device, running any order and returning its intervals, stash peaks and gradients
+  (:func:`reference_gradients` is the whole batch's);
+- :class:`GPT`, :func:`layout_memory`, :func:`layout_step`: the cost model of a data x tensor x pipeline
+  layout (memory per GPU, bytes per step, a rough step time);
+- :func:`tensor_parallel_check`: the harness of the tensor-parallel exercise (Megatron's MLP block).
 """
 
 from __future__ import annotations
@@ -40,7 +49,9 @@ from mgpu.lesson04.allreduce import ring_traffic_fraction
 
 __all__ = ["split_micro_batches", "activation_values_per_example", "bubble_fraction", "gpipe_schedule", "schedule_idle_fraction",
            "Interval", "PipelineRun", "run_pipeline", "run_sequential", "idle_fraction", "busy_by_stage", "hybrid_plan",
-           "tensor_parallel_blocks", "tensor_parallel_check"]
+           "tensor_parallel_blocks", "tensor_parallel_check", "gpipe_order", "schedule_problems", "simulate_order",
+           "stash_peaks", "stage_forward", "stage_backward", "reference_gradients", "ProcessPipeline", "GPT",
+           "layout_memory", "layout_step"]
 
 
 def split_micro_batches(n_examples: int, micro_batches: int) -> list[slice]:
@@ -369,3 +380,416 @@ def tensor_parallel_check(mlp: Callable, features: int = 64, hidden: int = 256, 
            "values all-reduced": calls["values"],
            "weights held": int(w1_block.size + w2_block.size), "weights of the block": int(w1.size + w2.size)}
     return hvd.allgather_object(row)
+
+
+# --------------------------------------------------------------------------------------------
+# Pipeline schedules as orders: what each stage does, in which order (GPipe, 1F1B)
+#
+# An *order* is one list per stage of ``("F", m)`` and ``("B", m)`` entries: the forward and the backward of
+# micro-batch m on that stage. The timing follows from it: a stage does its entries one after another, each as
+# soon as its inputs exist (the forward of m on stage s needs stage s - 1's forward of m; the backward of m needs
+# the stage's own forward of m and stage s + 1's backward of m).
+
+
+def gpipe_order(stages: int, micro_batches: int) -> list[list[tuple[str, int]]]:
+    """GPipe (Huang et al. 2019): every stage runs all its forwards, then all its backwards, last first."""
+    if stages < 1 or micro_batches < 1:
+        raise ValueError("stages and micro_batches must be at least 1")
+    one = [("F", m) for m in range(micro_batches)] + [("B", m) for m in reversed(range(micro_batches))]
+    return [list(one) for _ in range(stages)]
+
+
+def schedule_problems(order, stages: int, micro_batches: int) -> list[str]:
+    """What is wrong with ``order`` as a pipeline schedule (an empty list: nothing).
+
+    Checked: one list per stage; each holds the forward and the backward of every micro-batch exactly once;
+    a stage's backward of m comes after its forward of m; and the stages together can run it (no stage waits
+    for an input that its neighbour only produces after waiting for this stage: a deadlock)."""
+    problems = []
+    try:
+        order = [[(str(kind), int(m)) for kind, m in entries] for entries in order]
+    except (TypeError, ValueError):
+        return ["the order must be one list per stage of ('F', m) and ('B', m) pairs"]
+    if len(order) != stages:
+        return [f"the order has {len(order)} lists for {stages} stages (one list per stage)"]
+    wanted = sorted((kind, m) for kind in ("F", "B") for m in range(micro_batches))
+    for s, entries in enumerate(order):
+        if sorted(entries) != wanted:
+            problems.append(f"stage {s} must do the forward ('F', m) and the backward ('B', m) of every micro-batch "
+                            f"m in 0..{micro_batches - 1} exactly once; it does {entries}")
+            continue
+        seen = set()
+        for kind, m in entries:
+            if kind == "B" and m not in seen:
+                problems.append(f"stage {s} runs the backward of micro-batch {m} before its forward")
+                break
+            if kind == "F":
+                seen.add(m)
+    if not problems:
+        try:
+            simulate_order(order)
+        except RuntimeError as error:
+            problems.append(str(error))
+    return problems
+
+
+def simulate_order(order, t_forward: float = 1.0, t_backward: float = 1.0) -> list[Interval]:
+    """The intervals of an order on ideal devices: a forward takes ``t_forward``, a backward ``t_backward``,
+    hand-overs are free, and every entry starts as soon as the stage is free and its inputs exist.
+
+    Raises RuntimeError if the stages cannot run it (a deadlock). Deterministic."""
+    stages = len(order)
+    done: dict[tuple[int, str, int], float] = {}
+    position, free = [0] * stages, [0.0] * stages
+    intervals = []
+    progress = True
+    while progress:
+        progress = False
+        for s in range(stages):
+            while position[s] < len(order[s]):
+                kind, m = order[s][position[s]]
+                needs = ([(s - 1, "F", m)] if kind == "F" and s > 0 else []) + (
+                    [(s, "F", m)] + ([(s + 1, "B", m)] if s + 1 < stages else []) if kind == "B" else [])
+                if not all(n in done for n in needs):
+                    break
+                start = max([free[s]] + [done[n] for n in needs])
+                end = start + (t_forward if kind == "F" else t_backward)
+                done[(s, kind, m)] = free[s] = end
+                intervals.append(Interval(s, kind, m, start, end))
+                position[s] += 1
+                progress = True
+    stuck = [(s, order[s][position[s]]) for s in range(stages) if position[s] < len(order[s])]
+    if stuck:
+        raise RuntimeError("the stages cannot run this order (a deadlock): " + "; ".join(
+            f"stage {s} waits to run {entry}" for s, entry in stuck))
+    return intervals
+
+
+def stash_peaks(order) -> list[int]:
+    """The largest number of micro-batches each stage holds stashed (forward done, backward not yet) while it
+    follows its order: counted, so the same on any machine."""
+    peaks = []
+    for entries in order:
+        held = peak = 0
+        for kind, _ in entries:
+            held += 1 if kind == "F" else -1
+            peak = max(peak, held)
+        peaks.append(peak)
+    return peaks
+
+
+# --------------------------------------------------------------------------------------------
+# Stages as processes: a pipeline of p processes joined by queues, each a modelled device
+
+
+def _dense_weights(width: int, layers: int, classes: int, last: bool, seed) -> list[np.ndarray]:
+    sizes = [width] * (layers + 1) + ([classes] if last else [])
+    rng = np.random.default_rng(seed)
+    return [(rng.normal(size=(a, b)) * np.sqrt(2 / a)).astype(np.float32) for a, b in zip(sizes[:-1], sizes[1:])]
+
+
+def stage_forward(weights, x, last):
+    """A stage's forward in numpy: ReLU dense layers (the last stage's last layer gives logits). Returns the
+    output and what the backward needs (the stash: every layer's input)."""
+    stash = []
+    for i, w in enumerate(weights):
+        stash.append(x)
+        x = x @ w
+        if not (last and i == len(weights) - 1):
+            x = np.maximum(x, 0)
+    return x, stash
+
+
+def stage_backward(weights, stash, dy, last, labels=None, batch=None):
+    """The stage's backward: from the output's gradient ``dy`` (the last stage: from the labels, the loss
+    being the micro-batch's share of the batch's mean cross-entropy) to the input's gradient and the
+    weights' gradients."""
+    grads = [None] * len(weights)
+    for i in reversed(range(len(weights))):
+        x, w = stash[i]
+        if last and i == len(weights) - 1:
+            logits = x @ w
+            p = np.exp(logits - logits.max(axis=1, keepdims=True))
+            p /= p.sum(axis=1, keepdims=True)
+            p[np.arange(len(labels)), labels] -= 1
+            dz = (p / batch).astype(np.float32)
+        else:
+            dz = dy * ((x @ w) > 0)
+        grads[i] = x.T @ dz
+        dy = dz @ w.T
+    return dy, grads
+
+
+def reference_gradients(x, y, *, stages, width, layers, classes, seed):
+    """The whole batch through every stage in one process: the gradients a pipelined step must give."""
+    weights = [_dense_weights(width, layers, classes, s == stages - 1, [seed, s]) for s in range(stages)]
+    stashes = []
+    h = x
+    for s, w in enumerate(weights):
+        h, stash = stage_forward(w, h, s == stages - 1)
+        stashes.append(list(zip(stash, w)))
+    dy, grads = None, []
+    for s in reversed(range(stages)):
+        dy, g = stage_backward(weights[s], stashes[s], dy, s == stages - 1, labels=y, batch=len(x))
+        grads.insert(0, g)
+    return np.concatenate([g.ravel() for stage in grads for g in stage])
+
+
+def _stage_process(s, stages, width, layers, classes, seed, commands, results, from_prev, to_next, from_next, to_prev,
+                   barrier):
+    """One stage's process: runs the commands it is sent until it gets None."""
+    import os
+    import queue as queue_module
+
+    last = s == stages - 1
+    weights = _dense_weights(width, layers, classes, last, [seed, s])
+    inbox: dict = {"F": {}, "B": {}}
+
+    def receive(q, kind, m):
+        while m not in inbox[kind]:
+            got, value = q.get(timeout=120)
+            inbox[kind][got] = value
+        return inbox[kind].pop(m)
+
+    def pause_until(deadline):
+        left = deadline - time.perf_counter()
+        if left > 0:
+            time.sleep(left)
+        return left
+
+    while True:
+        command = commands.get()
+        if command is None:
+            return
+        try:
+            name = command["name"]
+            if name == "calibrate":  # the math of one micro-batch, timed while every stage computes at once
+                rng = np.random.default_rng([seed, s, 1])
+                n = command["micro_batch"]
+                x = rng.normal(size=(n, width)).astype(np.float32)
+                labels = rng.integers(0, classes, n)
+                dy = rng.normal(size=(n, width)).astype(np.float32)
+                forward, backward = [], []
+                barrier.wait(timeout=120)
+                for _ in range(command["repeats"]):
+                    start = time.perf_counter()
+                    out, stash = stage_forward(weights, x, last)
+                    middle = time.perf_counter()
+                    stage_backward(weights, list(zip(stash, weights)), dy, last, labels=labels, batch=n)
+                    forward.append(middle - start)
+                    backward.append(time.perf_counter() - middle)
+                results.put((s, {"forward_s": float(np.median(forward)) / n, "backward_s": float(np.median(backward)) / n,
+                                 "pid": os.getpid()}))
+                continue
+            # a step: this stage's order, on the micro-batches of x (stage 0) and y (the last stage)
+            x, y, parts, order, device = (command[k] for k in ("x", "y", "parts", "order", "device"))
+            batch = len(y)
+            stashed, peak, overruns, intervals, grads = {}, 0, 0, [], None
+            for kind, m in order:
+                size = parts[m].stop - parts[m].start
+                if kind == "F":
+                    h = x[parts[m]] if s == 0 else receive(from_prev, "F", m)
+                    start = time.perf_counter()
+                    out, stash = stage_forward(weights, h, last)
+                    stashed[m] = list(zip(stash, weights))
+                    peak = max(peak, len(stashed))
+                    if device:
+                        overruns += pause_until(start + device["forward_s"] * size) < 0
+                    end = time.perf_counter()
+                    if not last:
+                        to_next.put((m, out))
+                else:
+                    dy = None if last else receive(from_next, "B", m)
+                    start = time.perf_counter()
+                    dx, g = stage_backward(weights, stashed.pop(m), dy, last, labels=y[parts[m]], batch=batch)
+                    grads = g if grads is None else [a + b for a, b in zip(grads, g)]
+                    if device:
+                        overruns += pause_until(start + device["backward_s"] * size) < 0
+                    end = time.perf_counter()
+                    if s > 0:
+                        to_prev.put((m, dx))
+                intervals.append((s, kind, m, start, end))
+            results.put((s, {"intervals": intervals, "peak_stashed": peak, "overruns": int(overruns),
+                             "gradients": np.concatenate([g.ravel() for g in grads])}))
+        except BaseException as error:  # noqa: BLE001 - reported to the parent
+            results.put((s, {"error": f"{type(error).__name__}: {error}"}))
+            if isinstance(error, queue_module.Empty):
+                return
+
+
+class ProcessPipeline:
+    """``stages`` processes, stage s holding ``layers`` dense ReLU layers of ``width`` units (the last adds the
+    ``classes`` logits), joined by queues: stage s sends its activations to s + 1 and its input's gradient
+    to s - 1. Horovod has no point-to-point send, so the stages are plain processes (``multiprocessing``,
+    started with spawn); each runs single-threaded numpy. Use it in a ``with`` block."""
+
+    def __init__(self, stages: int, width: int, layers: int, classes: int = 10, seed: int = 0, timeout: float = 300):
+        import multiprocessing as mp
+        import os
+
+        self.stages, self.width, self.layers, self.classes, self.seed, self.timeout = stages, width, layers, classes, seed, timeout
+        context = mp.get_context("spawn")
+        self.commands = [context.Queue() for _ in range(stages)]
+        self.results = context.Queue()
+        barrier = context.Barrier(stages)  # the calibration starts on every stage at once
+        forward = [context.Queue() for _ in range(stages)]   # into stage s from s - 1
+        backward = [context.Queue() for _ in range(stages)]  # into stage s from s + 1
+        saved = {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")}
+        os.environ.update({k: "1" for k in saved})  # one thread per stage, as one device each
+        try:
+            self.processes = [context.Process(
+                target=_stage_process, name=f"stage-{s}", daemon=True,
+                args=(s, stages, width, layers, classes, seed, self.commands[s], self.results,
+                      forward[s], forward[s + 1] if s + 1 < stages else None,
+                      backward[s], backward[s - 1] if s > 0 else None, barrier)) for s in range(stages)]
+            for p in self.processes:
+                p.start()
+            self._links = (forward, backward, barrier)  # kept alive while the stages use them
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+
+    def _gather(self) -> list[dict]:
+        import queue as queue_module
+
+        got = {}
+        deadline = time.perf_counter() + self.timeout
+        while len(got) < self.stages:
+            try:
+                s, value = self.results.get(timeout=max(0.1, min(5.0, deadline - time.perf_counter())))
+            except queue_module.Empty:
+                dead = [p.name for p in self.processes if not p.is_alive()]
+                if dead or time.perf_counter() > deadline:
+                    raise RuntimeError(f"the pipeline's stages did not answer ({'dead: ' + ', '.join(dead) if dead else 'timeout'})")
+                continue
+            if "error" in value:
+                raise RuntimeError(f"stage {s} failed: {value['error']}")
+            got[s] = value
+        return [got[s] for s in range(self.stages)]
+
+    def calibrate(self, micro_batch: int, repeats: int = 5) -> dict:
+        """Seconds per example of a stage's forward and backward, timed on every stage at once (the slowest)."""
+        for q in self.commands:
+            q.put({"name": "calibrate", "micro_batch": micro_batch, "repeats": repeats})
+        rows = self._gather()
+        return {"forward_s": max(r["forward_s"] for r in rows), "backward_s": max(r["backward_s"] for r in rows)}
+
+    def step(self, order, x, y, micro_batches: int, device: dict | None = None) -> dict:
+        """One pipelined step following ``order`` (one list per stage). ``device``: seconds per example of a
+        forward and of a backward on the modelled device (each call then lasts that long: the math, then a
+        wait that holds no core); None times the real cores. Returns the intervals (seconds from the step's
+        first start), the idle fraction, each stage's peak of stashed micro-batches, the overruns and the
+        accumulated gradients (every stage's, concatenated)."""
+        parts = split_micro_batches(len(y), micro_batches)
+        for s, q in enumerate(self.commands):
+            q.put({"name": "step", "x": x if s == 0 else None, "y": y, "parts": parts, "order": list(order[s]),
+                   "device": device})
+        rows = self._gather()
+        raw = [i for r in rows for i in r["intervals"]]
+        origin = min(i[3] for i in raw)
+        intervals = [Interval(s, kind, m, a - origin, b - origin) for s, kind, m, a, b in raw]
+        return {"intervals": intervals, "idle": idle_fraction(intervals, self.stages),
+                "span": max(i.end for i in intervals), "peak_stashed": [r["peak_stashed"] for r in rows],
+                "overruns": sum(r["overruns"] for r in rows),
+                "gradients": np.concatenate([r["gradients"] for r in rows])}
+
+    def close(self):
+        for q in self.commands:
+            q.put(None)
+        for p in self.processes:
+            p.join(10)
+            if p.is_alive():
+                p.terminate()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+# --------------------------------------------------------------------------------------------
+# Choosing a layout: memory per GPU and time per step of a GPT model for a data x tensor x pipeline layout
+
+
+@dataclass(frozen=True)
+class GPT:
+    """A GPT model's shape (Narayanan et al. 2021's notation): ``layers`` transformer layers of ``hidden``
+    units and ``heads`` attention heads, a vocabulary of ``vocab`` tokens, sequences of ``sequence`` tokens."""
+
+    layers: int
+    hidden: int
+    heads: int
+    vocab: int
+    sequence: int
+
+    @property
+    def parameters(self) -> float:
+        """12 l h^2 (1 + 13 / (12 h) + (V + s) / (12 l h)) (Narayanan et al. 2021, section 5.1)."""
+        l, h = self.layers, self.hidden
+        return 12 * l * h ** 2 * (1 + 13 / (12 * h) + (self.vocab + self.sequence) / (12 * l * h))
+
+    def flops_per_step(self, batch: int, recompute: bool = True) -> float:
+        """Floating-point operations of a training step on ``batch`` sequences: 72 B s l h^2 (1 + s / (6 h) +
+        V / (16 l h)), 96 instead of 72 when the forward is recomputed in the backward (Narayanan et al. 2021)."""
+        l, h, s = self.layers, self.hidden, self.sequence
+        return (96 if recompute else 72) * batch * s * l * h ** 2 * (1 + s / (6 * h) + self.vocab / (16 * l * h))
+
+
+def layout_memory(model: GPT, *, tp: int, pp: int, dp: int, micro_batch: int, micro_batches: int,
+                  zero1: bool = False, recompute: bool = True) -> dict:
+    """Bytes per GPU of the busiest pipeline stage (the first), by part.
+
+    Mixed-precision Adam keeps 16 bytes per parameter (Rajbhandari et al. 2020): 2 of fp16 weights, 2 of fp16
+    gradients, 12 of optimizer state (fp32 weights, momentum, variance); each GPU holds 1/(tp pp) of the
+    parameters, and ZeRO-1 shards the optimizer state over the dp replicas. Activations, in 2-byte values:
+    under 1F1B the first stage holds min(pp, micro_batches) micro-batches in flight over its layers / pp
+    layers. With recomputation each keeps only its layers' inputs, 2 s b h bytes per layer, plus the
+    working set of the one layer being recomputed; without, every layer keeps s b h (10 + 24 / tp +
+    5 a s / (h tp)) bytes per micro-batch (Korthikanti et al. 2022, tensor parallelism without sequence
+    parallelism)."""
+    psi = model.parameters / (tp * pp)
+    s, b, h, a = model.sequence, micro_batch, model.hidden, model.heads
+    layer_activations = s * b * h * (10 + 24 / tp + 5 * a * s / (h * tp))
+    in_flight = min(pp, micro_batches)
+    layers_here = model.layers / pp
+    if recompute:
+        activations = in_flight * layers_here * 2 * s * b * h + layer_activations
+    else:
+        activations = in_flight * layers_here * layer_activations
+    parts = {"weights": 2 * psi, "gradients": 2 * psi, "optimizer": 12 * psi / (dp if zero1 else 1),
+             "activations": activations}
+    parts["total"] = sum(parts.values())
+    return parts
+
+
+def layout_step(model: GPT, *, gpus: int, tp: int, pp: int, batch: int, micro_batch: int, flops_per_gpu: float,
+                intra_node_bytes_per_s: float, inter_node_bytes_per_s: float, recompute: bool = True) -> dict:
+    """Bytes each GPU sends in one step and the step's time, for dp = gpus / (tp pp) replicas.
+
+    Data parallelism: a ring all-reduce of the fp16 gradients, 2 (dp - 1) / dp x 2 bytes x parameters / (tp pp).
+    Tensor parallelism: per layer and micro-batch 2 all-reduces forward and 2 backward (Shoeybi et al. 2019;
+    2 more when the forward is recomputed), each a ring of 2 (tp - 1) / tp x s b h x 2 bytes, on the links
+    inside a node. Pipeline: per micro-batch one activation forward and one gradient backward, s b h x 2 bytes
+    each, between nodes. Time: the arithmetic at ``flops_per_gpu`` stretched by the bubble
+    (pp - 1) / (m + pp - 1), plus every byte at its link's bandwidth, nothing overlapped: a rough model."""
+    dp = gpus // (tp * pp)
+    if dp * tp * pp != gpus or batch % (dp * micro_batch):
+        raise ValueError(f"{gpus} GPUs and a batch of {batch} do not split into tp={tp}, pp={pp} with micro-batches "
+                         f"of {micro_batch}")
+    m = batch // (dp * micro_batch)
+    psi = model.parameters / (tp * pp)
+    message = model.sequence * micro_batch * model.hidden * 2
+    tp_allreduces = (6 if recompute else 4) * model.layers // pp * m if tp > 1 else 0
+    sent = {"data parallel": ring_traffic_fraction(dp) * 2 * psi if dp > 1 else 0.0,
+            "tensor parallel": tp_allreduces * ring_traffic_fraction(tp) * message if tp > 1 else 0.0,
+            "pipeline": 2 * m * message if pp > 1 else 0.0}
+    bubble = bubble_fraction(pp, m)
+    compute_s = model.flops_per_step(batch, recompute) / (gpus * flops_per_gpu)
+    step_s = (compute_s / (1 - bubble) + sent["tensor parallel"] / intra_node_bytes_per_s
+              + (sent["data parallel"] + sent["pipeline"]) / inter_node_bytes_per_s)
+    return {"dp": dp, "micro_batches": m, "bubble": bubble, "bytes_sent": sent, "compute_s": compute_s,
+            "step_s": step_s, "tp_allreduces_per_step": tp_allreduces}
