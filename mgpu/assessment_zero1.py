@@ -68,6 +68,8 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
+import secrets
 import stat
 import sys
 import zipfile
@@ -108,6 +110,8 @@ MAX_FILE_BYTES = 16 * 1024 * 1024
 EVIDENCE = ("weights-rank<R>-step<K>.npz", "weights-rank<R>-final.npz", "census-rank<R>.json",
             "timeline.json")
 TIMELINE_FILE = "timeline.json"
+#: The names of the evidence files (see :data:`EVIDENCE`), for the grader's copy of a run's output.
+EVIDENCE_FILE = re.compile(r"^(weights-rank\d{1,3}-(step\d{1,6}|final)\.npz|census-rank\d{1,3}\.json|timeline\.json)$")
 
 
 def parameter_count() -> int:
@@ -266,16 +270,23 @@ def state_census(exclude=()) -> dict:
 
     import tensorflow as tf
 
+    import inspect
+    import types
+
     excluded = {id(o) for o in exclude}
     eager = type(tf.constant(0.0))
-    variable = tf.Variable
+    is_variable: dict[type, bool] = {}  # issubclass(kind, tf.Variable), once per type
+    # Objects whose referents are all tracked by the collector themselves (or strings, numbers and
+    # code): their contents are found as objects of their own, so they are not opened.
+    opaque = {types.FunctionType, types.BuiltinFunctionType, type, types.CodeType, types.ModuleType,
+              weakref_type(), types.MappingProxyType, inspect.Parameter, inspect.Signature}
     gc.collect()
     counted: dict[int, tuple[int, str]] = {}
     keep_alive = []  # ids are only unique while the objects live
 
     def consider(obj) -> None:
         kind = type(obj)
-        if kind is np.ndarray:
+        if isinstance(obj, np.ndarray):
             base = obj
             while isinstance(base.base, np.ndarray):
                 base = base.base
@@ -290,7 +301,7 @@ def state_census(exclude=()) -> dict:
             counted[id(obj)] = (int(obj.shape.num_elements() or 0) * obj.dtype.size,
                                 f"tensor {obj.dtype.name}{obj.shape.as_list()}")
             keep_alive.append(obj)
-        elif isinstance(obj, variable):
+        else:  # a tf.Variable
             if id(obj) in counted or id(obj) in excluded:
                 return
             try:
@@ -305,15 +316,26 @@ def state_census(exclude=()) -> dict:
     while frame is not None:
         roots.append(dict(frame.f_locals))
         frame = frame.f_back
-    for obj in roots:
-        consider(obj)
-        for inner in gc.get_referents(obj):
-            if not gc.is_tracked(inner):
-                consider(inner)
+    ndarray = np.ndarray
+    for obj in roots:  # tensors and variables are tracked; arrays are not, and are found in what holds them
+        kind = type(obj)
+        if kind is eager or is_variable.get(kind) or (kind not in is_variable and is_variable.setdefault(
+                kind, issubclass(kind, tf.Variable))):
+            consider(obj)
+        elif kind not in opaque:
+            for inner in gc.get_referents(obj):
+                if isinstance(inner, ndarray):
+                    consider(inner)
     del roots
     largest = sorted(counted.values(), reverse=True)[:8]
     return {"bytes": sum(b for b, _ in counted.values()), "objects": len(counted),
             "largest": [[b, k] for b, k in largest]}
+
+
+def weakref_type() -> type:
+    import weakref
+
+    return weakref.ReferenceType
 
 
 def process_memory() -> dict:
@@ -670,6 +692,55 @@ def parse_timeline(raw: bytes) -> list[dict]:
     if not isinstance(events, list):
         raise ValueError("the timeline is not a list of events")
     return events
+
+
+class ShardedOptimizer:
+    """Assessment B's outcome for the grader's seam (``autograder.outcomes.OUTCOMES["zero1"]``).
+
+    ``parameters`` gives the notebook a data seed drawn once per cohort (:func:`secrets.randbits`:
+    no run can know it in advance; it is in every record) and the run's shape; ``open`` computes the
+    reference trajectory once; ``judge`` runs :func:`decide` on the evidence files the grader copied
+    out of the run's output folder, which the pipeline must hand over as ``run.evidence_dir`` (a
+    folder of the grader's holding only names matching :data:`EVIDENCE_FILE`, each a regular file
+    owned by the workers' user). Thread-safe after ``open``.
+    """
+
+    steps, batch_size, probe_steps = 30, 16, (14, 29)
+
+    def __init__(self, data_seed: int | None = None):
+        self.data_seed = secrets.randbits(31) if data_seed is None else int(data_seed)
+        self.workers = None
+        self.reference = None
+
+    def parameters(self, profile) -> dict:
+        return {"data_seed": self.data_seed, "steps": self.steps, "batch_size": self.batch_size,
+                "probe_steps": list(self.probe_steps)}
+
+    def open(self, context) -> None:
+        self.workers = int(context.profile.workers)
+        settings = Settings(workers=self.workers, output_dir="", data_seed=self.data_seed, steps=self.steps,
+                            batch_size=self.batch_size, probe_steps=self.probe_steps)
+        self.reference = reference_trajectory(settings, self.probe_steps)
+
+    def decide(self, folder) -> Decision:
+        return decide(folder, workers=self.workers, data_seed=self.data_seed, steps=self.steps,
+                      batch_size=self.batch_size, probe_steps=self.probe_steps, reference=self.reference)
+
+    def judge(self, run):
+        from autograder.outcomes import Judgement  # the grader's type; mgpu does not need it otherwise
+
+        folder = getattr(run, "evidence_dir", None)
+        if folder is None:
+            decision = Decision(False, ["no evidence: the grader copied no file of the run's output folder"],
+                                {}, ["no evidence: the grader copied no file of the run's output folder"])
+        else:
+            decision = self.decide(folder)
+        reason = decision.failures[0] if decision.failures else "; ".join(
+            line.split(":")[0] for line in decision.reasons) + " as required"
+        lines = [f"Measured by the grader from the protected loop's files; data seed {self.data_seed}, "
+                 f"{self.workers} workers, {self.steps} steps.", *decision.reasons]
+        return Judgement(decision.passed, reason, lines,
+                         {"zero1": {"data_seed": self.data_seed, **decision.numbers}})
 
 
 # --------------------------------------------------------------------------------------------
