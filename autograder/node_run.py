@@ -73,7 +73,7 @@ def run_task(task_dir: Path) -> dict:
                                        memory_limit_mb=task["memory_limit_mb"], hide=hide, work_parent=work_root,
                                        isolate=task["isolate"])
             facts = safe_read.read_outputs(folder.output, runners.FACTS_PATTERN, runners.MAX_FACTS_BYTES,
-                                         run.worker_uid)
+                                           run.worker_uid)
         finally:
             folder.remove()
     finally:
@@ -108,7 +108,7 @@ def read_result(task_dir: Path, keep: Path) -> tuple[sandbox.RunResult, dict, di
     try:
         try:
             record = json.loads(safe_read.read_regular(folder_fd, "result.json", MAX_RESULT_BYTES,
-                                                     fix="the node's runner writes it"))
+                                                       fix="the node's runner writes it"))
         except safe_read.Rejected as error:
             if not os.path.lexists(results / "result.json"):
                 return None
