@@ -1,0 +1,134 @@
+"""Notebook 08 (memory): the byte formulas, the budget measured from the tensors, and ZeRO on real
+Horovod workers (every stage ends with plain data parallelism's weights, holds the bytes its formula
+says and hands Horovod the tensors it should); the exercise's test rejects the learner's stub."""
+
+import numpy as np
+import pytest
+
+from mgpu.lesson08 import zero
+from mgpu.runtime import launch
+
+WIDTHS = (8, 16, 16, 3)  # the last layer has 16 x 3 + 3 = 51 parameters: padded for 2 workers
+
+
+def test_layer_sizes_padding_and_the_formulas_of_each_stage():
+    assert zero.layer_sizes(WIDTHS) == [144, 272, 51]
+    assert zero.padded_size(51, 2) == 52 and zero.padded_size(52, 4) == 52 and zero.padded_size(1, 4) == 4
+    assert zero.layer_specs(WIDTHS) == [(8, 16, True), (16, 16, True), (16, 3, False)]
+    psi, shard = 467, (144 + 272 + 52) // 2
+    assert zero.formula_bytes(WIDTHS, 2, "dp") == {"parameters": 4 * psi, "gradients": 4 * psi, "optimizer state": 8 * psi}
+    assert zero.formula_bytes(WIDTHS, 2, "zero1") == {"parameters": 4 * psi, "gradients": 4 * psi,
+                                                       "optimizer state": 8 * shard}
+    assert zero.formula_bytes(WIDTHS, 2, "zero2") == {"parameters": 4 * psi, "gradients": 4 * shard,
+                                                       "optimizer state": 8 * shard}
+    assert sum(zero.formula_bytes(WIDTHS, 2, "zero3").values()) == 16 * shard
+
+
+def test_network_bytes_by_the_ring_algorithms():
+    entries = [{"op": "allreduce", "bytes": 400}, {"op": "reducescatter", "bytes": 400}, {"op": "allgather", "bytes": 100}]
+    assert zero.network_bytes(entries, 4) == pytest.approx(600 + 300 + 300)
+    assert zero.network_bytes(entries[:1], 2) == 400
+
+
+def test_the_budget_measured_from_the_tensors_is_the_prediction():
+    import tensorflow as tf
+
+    from mgpu.lesson08 import memory
+
+    model = tf.keras.Sequential([tf.keras.Input((12,)), tf.keras.layers.Dense(8, activation="relu"),
+                                 tf.keras.layers.Dense(3)])
+    x, y = tf.random.normal((5, 12)), tf.constant([0, 1, 2, 0, 1])
+    loss = lambda y, logits: tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(y, logits))  # noqa: E731
+    measured = memory.measure_budget(model, tf.keras.optimizers.Adam(), x, y, loss)
+    psi = 12 * 8 + 8 + 8 * 3 + 3
+    assert measured == {"weights": 4 * psi, "gradients": 4 * psi, "optimizer state": 8 * psi + 8,
+                        "activations": 4 * 5 * (8 + 3)}
+
+
+@pytest.mark.slow
+def test_every_zero_stage_trains_to_data_parallel_weights_with_the_formulas_bytes_on_two_workers():
+    from mgpu.lesson08 import saved
+
+    stages = {"dp": saved.dp_step, "zero1": saved.zero1_step, "zero2": saved.zero2_step, "zero3": saved.zero3_step}
+    rows = launch.run(zero.compare_stages, 2, args=(stages, saved.FlatAdam, WIDTHS, 4, 4, 1e-2, 3), verbose=False).value
+    assert sorted((r["stage"], r["rank"]) for r in rows) == sorted((s, k) for s in stages for k in (0, 1))
+    dp = {r["rank"]: r for r in rows if r["stage"] == "dp"}
+    assert np.array_equal(dp[0]["weights"], dp[1]["weights"])
+    assert not np.allclose(dp[0]["weights"], np.concatenate(zero.initial_thetas(3, WIDTHS)))  # it trained
+    psi, padded = 467, 468
+    for r in rows:
+        assert np.array_equal(r["weights"], dp[r["rank"]]["weights"]), r["stage"]  # two workers: bit for bit
+        assert {p: r[p] for p in ("parameters", "gradients", "optimizer state")} == zero.formula_bytes(WIDTHS, 2, r["stage"])
+        ops = sorted(e["op"] for e in r["collectives"])
+        assert ops == {"dp": ["allreduce"] * 3, "zero1": ["allgather"] * 3 + ["reducescatter"] * 3,
+                       "zero2": ["allgather"] * 3 + ["reducescatter"] * 3,
+                       "zero3": ["allgather"] * 6 + ["reducescatter"] * 3}[r["stage"]]
+        rounds = 3 if r["stage"] == "zero3" else 2
+        assert zero.network_bytes(r["collectives"], 2) == rounds / 2 * 4 * (psi if r["stage"] == "dp" else padded)
+
+
+# --------------------------------------------------------------------------------------------
+# The exercise: zero1_update, run as the notebook runs it (its solution cell, then its test cell)
+
+
+def _exercise_cells():
+    import nbformat
+
+    from mgpu.runtime import course, labs
+
+    path = next(p for p in course.course_notebooks() if p.name.startswith("08_"))
+    notebook = nbformat.read(path, as_version=4)
+    by_id = {c.metadata["nbgrader"]["grade_id"]: c.source for c in notebook.cells if "nbgrader" in c.metadata}
+    released = {c.metadata["nbgrader"]["grade_id"]: c.source for c in labs.release(notebook).cells
+                if "nbgrader" in c.metadata}
+    return by_id, released
+
+
+def _run_exercise(solution_source):
+    from mgpu.lesson08 import saved
+
+    by_id, _ = _exercise_cells()
+    namespace = {name: value for name, value in vars(saved).items() if not name.startswith("__")}
+    namespace.update({"__name__": "exercise_08", "launch": launch, "zero": zero, "zero_lr": 1e-3, "seed": 5})
+    exec(compile(solution_source, "zero1_update_solution", "exec"), namespace)
+    exec(compile(by_id["zero1_update_tests"], "zero1_update_tests", "exec"), namespace)
+    return namespace["ex_rows"]
+
+
+@pytest.mark.slow
+def test_the_exercise_test_passes_the_solution():
+    by_id, _ = _exercise_cells()
+    rows = _run_exercise(by_id["zero1_update_solution"])
+    assert rows[("zero1", 0)]["optimizer state"] * 2 < rows[("dp", 0)]["optimizer state"] + 16
+
+
+WRONG_SHARD = '''
+def zero1_update(theta, grad, adam):
+    n, rank = hvd.size(), hvd.rank()
+    grad_shard = hvd.reducescatter(padded(grad, n), op=hvd.Average)
+    theta_shard = tf.reshape(padded(theta, n), [n, -1])[0]
+    theta.assign(hvd.allgather(adam.step(theta_shard, grad_shard))[:theta.shape[0]])
+
+
+def zero1_step(params, adams, x, y, specs):
+    with tf.GradientTape() as tape:
+        h = x
+        for theta, spec in zip(params, specs):
+            h = dense(h, theta, *spec)
+        loss = cross_entropy(h, y)
+    grads = tape.gradient(loss, params)
+    for theta, grad, adam in zip(params, grads, adams):
+        zero1_update(theta, grad, adam)
+    return grads
+'''
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("answer, complaint", [
+    (None, "NotImplementedError"),           # the learner's copy, untouched
+    (WRONG_SHARD, "differ from data parallelism's"),  # every worker updates the first shard of theta
+], ids=["stub", "wrong-shard"])
+def test_the_exercise_test_rejects_the_stub_and_a_wrong_shard(answer, complaint):
+    _, released = _exercise_cells()
+    with pytest.raises(AssertionError, match=complaint):
+        _run_exercise(released["zero1_update_solution"] if answer is None else answer)
