@@ -46,6 +46,7 @@ the cluster has free nodes (Slurm). One grader at a time works on a course (the 
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import hashlib
 import json
@@ -130,6 +131,8 @@ class Verdict:
     copied_from: list = field(default_factory=list)  # students whose weights this one's equal
     certificate: str = ""                            # certificate ID, when one was issued
     certificate_note: str = ""                       # why not, otherwise
+    #: what the assignment's outcome measured beyond this record's fields (:mod:`autograder.outcomes`)
+    measured: dict = field(default_factory=dict)
 
     @property
     def reason(self) -> str:
@@ -139,6 +142,9 @@ class Verdict:
     def overhead_seconds(self) -> float:
         """The grader's own time on it: everything but the notebook's run and a wait in a cluster's queue."""
         return self.total_seconds - self.notebook_seconds - self.queue_seconds
+
+
+_VERDICT_FIELDS = frozenset(f.name for f in dataclasses.fields(Verdict))
 
 
 @dataclass
@@ -157,6 +163,7 @@ class Submission:
     parameters: dict = field(default_factory=dict)  # papermill's, as the run got them
     run: "sandbox.RunResult | None" = None
     facts_files: dict = field(default_factory=dict)  # the run's facts files as read (bytes, or why refused)
+    evidence_dir: Path | None = None  # the grader's copies of the files the outcome reads (RunSpec.evidence)
     executed: object = None       # the notebook to grade
     cleanup: list = field(default_factory=list)      # what to remove once it is measured
 
@@ -240,7 +247,7 @@ class CohortGrader:
     def run_spec(self, sub: "Submission") -> runners.RunSpec:
         """What the runner runs for this (rebuilt) submission."""
         return runners.RunSpec(self.run_cohort, sub.student, sub.tag, sub.notebook, self.kept_images(sub.student),
-                               self.run_parameters("", ""))
+                               self.run_parameters("", ""), getattr(self.outcome, "evidence", None))
 
     # ---------------------------------------------------------------------- one submission
 
@@ -338,7 +345,8 @@ class CohortGrader:
         """The runner's: the notebook runs under the profile's limits, watched from outside."""
         out = self.runner.run(sub.spec)
         sub.cleanup.extend(reversed(out.cleanup))  # removed last to first
-        sub.run, sub.facts_files, sub.parameters = out.run, out.facts_files, out.parameters
+        sub.run, sub.facts_files, sub.parameters, sub.evidence_dir = out.run, out.facts_files, out.parameters, \
+            out.evidence_dir
         run, verdict = sub.run, sub.verdict
         verdict.run_host, verdict.slurm_job, verdict.queue_seconds = out.run_host, out.slurm_job, out.queue_seconds
         verdict.notebook_seconds, verdict.run_status = run.seconds, run.status
@@ -378,9 +386,12 @@ class CohortGrader:
         """The assignment's outcome, judged by the grader (:mod:`autograder.outcomes`: for the assessment,
         every saved epoch on the held-out images, on the run's clock); the outcome cell says what was found."""
         run, verdict, executed = sub.run, sub.verdict, sub.executed
-        judged = self.outcome.judge(run)
-        for name, value in judged.record.items():
-            setattr(verdict, name, value)
+        judged = self.outcome.judge(run, sub.evidence_dir)
+        for name, value in judged.record.items():  # the record's own fields, else in ``measured``
+            if name in _VERDICT_FIELDS:
+                setattr(verdict, name, value)
+            else:
+                verdict.measured[name] = value
 
         course_mod.mark_unexecuted_tests(executed, run.reason or "an earlier cell failed")
         passed, reason = judged.passed, judged.reason

@@ -10,9 +10,17 @@ for the assignment (by its folder name in ``source/``). An outcome is a class wi
   target accuracy and time budget);
 - ``open(context: Context) -> None``: once per cohort, in the grader's process, before any run
   (the assessment builds its measuring model on the held-out images here);
-- ``judge(run: autograder.sandbox.RunResult) -> Judgement``: once per run, from what the grader
-  itself took from the run (the epoch files the watchdog copied, the times it saw them, the
-  workers it saw), never from what the run printed. It may be called from several threads at once.
+- ``judge(run: autograder.sandbox.RunResult, evidence_dir: Path | None) -> Judgement``: once per
+  run, from what the grader itself took from the run (the epoch files the watchdog copied, the
+  times it saw them, the workers it saw, and the evidence files below), never from what the run
+  printed. It may be called from several threads at once.
+
+and may declare ``evidence = (name_regex, max_bytes)``: files of the run's ``output_dir`` it reads
+besides the epoch files. After the run, the grader copies those (regular files the Horovod
+workers' user wrote, at most ``max_bytes`` each and 64 MB in all, no link followed:
+:func:`autograder.runners.copy_evidence`) into a folder of its own, ``evidence_dir``; without the
+attribute, ``evidence_dir`` is None. A ``Judgement.record`` entry that is not a field of the
+record (:class:`autograder.grade.Verdict`) is kept in the record's ``measured``.
 
 :class:`AccuracyInTime` is the assessment's: held-out accuracy of every saved epoch
 (:class:`autograder.measure.Measurer`), at or above the target for two consecutive epochs, the
@@ -51,7 +59,8 @@ class Judgement:
     passed: bool
     reason: str                  # one line: why it failed, or what it reached
     lines: list[str] = field(default_factory=list)  # the outcome cell's text, before its last line (PASSED/NOT REACHED)
-    #: fields of the submission's record (:class:`autograder.grade.Verdict`) to set, e.g. epochs, accuracy
+    #: fields of the submission's record (:class:`autograder.grade.Verdict`) to set, e.g. epochs, accuracy;
+    #: any other entry goes into the record's ``measured``
     record: dict = field(default_factory=dict)
 
 
@@ -66,7 +75,7 @@ class AccuracyInTime:
         self.measurer = measure.Measurer(context.x_heldout, context.y_heldout, context.image_shape,
                                          context.num_classes)
 
-    def judge(self, run) -> Judgement:
+    def judge(self, run, evidence_dir=None) -> Judgement:
         profile, context = self.context.profile, self.context
         epochs = self.measurer.measure(run.epoch_files, run.epoch_seen_s, run.epoch_rejected)
         outcome = measure.decide(epochs, profile.target_accuracy, profile.time_budget_s,

@@ -22,8 +22,10 @@ a :class:`RunOutput` when that run has ended), :meth:`cancel` when the grader is
 
 from __future__ import annotations
 
+import os
+import re
 import shutil
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -66,6 +68,9 @@ class RunSpec:
     notebook: object         # the grader's notebook, rebuilt from the release (nbformat)
     kept_images: np.ndarray  # the training images it gets, in its order (:meth:`CohortGrader.kept_images`)
     parameters: dict         # papermill's, ``data_dir`` and ``output_dir`` empty (:meth:`parameters_in`)
+    #: the files of the run's output its outcome reads besides the epoch files: (name regex, most bytes
+    #: per file), or None (:func:`copy_evidence`)
+    evidence: tuple | None = None
 
     def parameters_in(self, data_dir, output_dir) -> dict:
         """papermill's parameters for a run whose data and output folders are these."""
@@ -83,6 +88,41 @@ class RunOutput:
     run_host: str = ""       # the machine it ran on, when not the grader's (a Slurm node)
     slurm_job: str = ""      # its Slurm job array element
     queue_seconds: float = 0.0  # from submitting it to seeing it run (in a cluster's queue)
+    evidence_dir: Path | None = None  # the grader's copies of the files ``RunSpec.evidence`` names
+
+
+#: The most bytes of evidence files kept from one run, all together (as the epoch keeper's cap).
+MAX_EVIDENCE_BYTES = 64 * 2**20
+
+
+def copy_evidence(output: Path, evidence: tuple | None, folder: Path, owner: int | None) -> Path | None:
+    """The files of the run's ``output`` that its outcome reads (``evidence``: a regex of their names and
+    the most bytes one may have), copied into ``folder`` (the grader's) after the run; None when the
+    outcome reads none. Read as hostile data (:func:`autograder.safe_read.read_regular`: no link, a
+    regular file, owned by ``owner``, size counted); a file refused, or past :data:`MAX_EVIDENCE_BYTES`
+    in all, is left out: the outcome sees only what was copied."""
+    if evidence is None:
+        return None
+    pattern, max_bytes = evidence
+    folder.mkdir(parents=True)
+    try:
+        output_fd = os.open(output, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return folder
+    try:
+        total = 0
+        for name in sorted(n for n in os.listdir(output_fd) if re.fullmatch(pattern, n)):
+            if total >= MAX_EVIDENCE_BYTES:
+                break
+            try:
+                data = safe_read.read_regular(output_fd, name, min(max_bytes, MAX_EVIDENCE_BYTES - total), owner)
+            except safe_read.Rejected:
+                continue
+            (folder / name).write_bytes(data)
+            total += len(data)
+    finally:
+        os.close(output_fd)
+    return folder
 
 
 def write_run_data(template: Path, keep: np.ndarray, folder: Path) -> None:
@@ -113,7 +153,9 @@ class LocalRunner:
         cohort = spec.cohort
         folder = isolation.RunFolder(self.work_root / spec.tag)
         keep = self.work_root / f"{spec.tag}-kept"  # the grader's: copies of the run's epoch files
-        cleanup = (lambda: shutil.rmtree(keep, ignore_errors=True), folder.remove)
+        evidence = self.work_root / f"{spec.tag}-evidence"  # the grader's: copies of its outcome's files
+        cleanup = (lambda: shutil.rmtree(keep, ignore_errors=True),
+                   lambda: shutil.rmtree(evidence, ignore_errors=True), folder.remove)
         try:
             write_run_data(cohort.data_template, spec.kept_images, folder.data)
             nbformat.write(spec.notebook, folder.nb / cohort.notebook_name)
@@ -122,11 +164,12 @@ class LocalRunner:
                                        timeout_s=cohort.timeout_s, memory_limit_mb=cohort.memory_limit_mb,
                                        hide=list(cohort.hidden), work_parent=self.work_root, isolate=cohort.isolate)
             facts_files = safe_read.read_outputs(folder.output, FACTS_PATTERN, MAX_FACTS_BYTES, run.worker_uid)
+            evidence_dir = copy_evidence(folder.output, spec.evidence, evidence, run.worker_uid)
         except BaseException:
             for remove in cleanup:
                 remove()
             raise
-        return RunOutput(run, facts_files, parameters, cleanup)
+        return RunOutput(run, facts_files, parameters, cleanup, evidence_dir=evidence_dir)
 
     def cancel(self) -> None:
         """Runs in progress die with their threads' sandbox (nothing queued elsewhere)."""

@@ -203,6 +203,9 @@ class SlurmRunner:
 
     def prepare(self, spec: runners.RunSpec) -> None:
         """Stage one submission: its notebook, its images' indices, its task."""
+        if spec.evidence is not None:
+            raise SlurmError("this assignment's outcome reads files of the run's output besides the epoch files, "
+                             "which the Slurm backend does not bring back yet: grade it with --backend local")
         task = _Task(len(self.tasks), self.folder / "tasks" / str(len(self.tasks)))
         task.folder.mkdir()
         nbformat.write(spec.notebook, task.folder / spec.cohort.notebook_name)

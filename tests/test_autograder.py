@@ -789,8 +789,10 @@ def test_an_assignment_plugs_in_its_own_outcome_without_touching_the_pipeline(mo
         def open(self, context):
             self.context = context
 
-        def judge(self, run):
-            return outcomes.Judgement(run.status == "ok", "it halted", ["what was measured"], {"accuracy": 1.0})
+        def judge(self, run, evidence_dir):
+            assert evidence_dir is None  # it declares no evidence
+            return outcomes.Judgement(run.status == "ok", "it halted", ["what was measured"],
+                                      {"accuracy": 1.0, "halted_at": 3})
 
     monkeypatch.setitem(outcomes.OUTCOMES, "another", Halted)
     grader = _stepping_grader([])
@@ -801,9 +803,34 @@ def test_an_assignment_plugs_in_its_own_outcome_without_touching_the_pipeline(mo
         "grade_id": "outcome", "grade": True, "solution": False, "locked": True, "points": 1, "schema_version": 3}})
     verdict = grade.Verdict("ada", "another", "", False, [], horovod_workers_seen=2)
     sub = SimpleNamespace(run=sandbox.RunResult(status="ok", reason="", seconds=1.0, notebook=None), verdict=verdict,
-                          executed=nbformat.v4.new_notebook(cells=[cell]))
+                          executed=nbformat.v4.new_notebook(cells=[cell]), evidence_dir=None)
     grade.CohortGrader.step_measure(grader, sub)  # the pipeline's own step (the helper stubs it)
     assert verdict.passed and verdict.outcome_passed and verdict.accuracy == 1.0
+    assert verdict.measured == {"halted_at": 3}  # not a field of the record: kept beside them
     assert cell.outputs[0]["text"] == "what was measured\nPASSED: it halted\n"
     with pytest.raises(course_mod.CourseError, match="autograder.outcomes.OUTCOMES"):
         outcomes.outcome_for("nope")
+
+
+def test_an_outcomes_evidence_is_copied_as_hostile_data_within_its_caps(tmp_path, monkeypatch):
+    from autograder import runners
+
+    output = tmp_path / "output"
+    output.mkdir()
+    (output / "census-0.json").write_text("{}")
+    (output / "census-1.json").write_bytes(b"x" * 5000)            # larger than a file may be
+    (output / "census-2.json").symlink_to(tmp_path / "secret")     # a link: never followed
+    os.mkfifo(output / "census-3.json")                           # would block a reader
+    (output / "weights-0.npz").write_bytes(b"w" * 300)
+    (output / "weights-1.npz").write_bytes(b"w" * 300)
+    (output / "notes.txt").write_text("not evidence")
+    (tmp_path / "secret").write_text("the grader's")
+    evidence = (r"census-\d\.json|weights-\d\.npz", 1000)
+    assert runners.copy_evidence(output, None, tmp_path / "none", None) is None
+    copied = runners.copy_evidence(output, evidence, tmp_path / "copied", None)
+    assert sorted(p.name for p in copied.iterdir()) == ["census-0.json", "weights-0.npz", "weights-1.npz"]
+    owner = os.stat(output / "census-0.json").st_uid
+    assert list(runners.copy_evidence(output, evidence, tmp_path / "others", owner + 1).iterdir()) == []
+    monkeypatch.setattr(runners, "MAX_EVIDENCE_BYTES", 400)  # in all: the second weights file no longer fits whole
+    capped = runners.copy_evidence(output, evidence, tmp_path / "capped", None)
+    assert sorted(p.name for p in capped.iterdir()) == ["census-0.json", "weights-0.npz"]
