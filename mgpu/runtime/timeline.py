@@ -85,3 +85,18 @@ def summarize(path_or_events, before: str | None = None) -> dict:
                   for name, spans in found.items()]
     activities.sort(key=lambda a: -a.wall_s)
     return {"span_s": span, "tensors": len(tensors), "activities": activities}
+
+
+def collective_calls(path_or_events, activity: str = "GLOO_ALLREDUCE") -> int:
+    """How many times Horovod ran ``activity`` (``GLOO_ALLREDUCE``, ``NCCL_ALLREDUCE``...), fused tensors once.
+
+    Tensors fused into one buffer go through one call together: Horovod begins the activity for every
+    one of them before it ends it for any, so their intervals overlap, while separate calls follow one
+    another. The count is the number of groups of overlapping intervals."""
+    events = path_or_events if isinstance(path_or_events, list) else load_events(path_or_events)
+    calls, end = 0, float("-inf")
+    for start, stop in sorted(intervals(events).get(activity, [])):
+        if start >= end:
+            calls += 1
+        end = max(end, stop)
+    return calls
