@@ -37,26 +37,33 @@ withstand:
 1. *Anything the learner's code reports* (prints, return values, flags, files of its own, the names
    of its variables) is never read. A submission that claims to shard is measured like any other.
 2. *The weights* are compared with the grader's own reference run, recomputed by :func:`decide` in
-   the grader's process from the parameters; at the probe steps and at the end, on every rank.
-   Weights cannot be made to agree without computing the reference trajectory.
+   the grader's process from the parameters; at the probe steps and at the end, on every rank, so
+   weights copied in at the end fail. A worker can, though, compute the reference trajectory alone
+   (the data are generated from the seed, which the notebook has): that needs the full state, or,
+   recomputed afresh at every step, collectives faked in the right sizes; a submission written to
+   do that is not caught by (3) and (4) either.
 3. *The state* is measured by the protected loop: a census through Python's garbage collector and
    the stack of every tensor, array and variable, wherever the learner keeps it (a closure, a
    global, a list, an instance), taken in the middle of training and at the end, so that state
    kept by the honest-but-wrong layouts (plain DP, gathering the full state) is always counted.
    Code written to evade it (state kept in C buffers, files or shared memory, or the census
    function replaced in the process) is not caught by the census. What does not depend on the
-   process is the memory the kernel accounts to it: the census's bytes are reported beside the
-   worker's resident and private memory at the same probes (``/proc/self/status``), which the
-   grader can also read from outside (``/proc/<pid>/status``, root); for this small model the
-   difference between the layouts is below that number's noise, so it is reported, not decided on.
+   process is the memory the kernel accounts to it: the census is stored beside the worker's
+   resident and anonymous memory at the same probes (``/proc/self/status``; the grader can read
+   the same from outside as root). For this model the layouts differ by 0.46 MB of state per
+   worker, within that number's noise (2026-11-26, 2 workers: resident 431.0 MB for ZeRO-1 and
+   432.6 MB for plain DP at the same probe), so it is recorded, not decided on.
 4. *The communication* is read from Horovod's timeline, which its C++ core writes on rank 0 while
-   the protected loop runs (the timeline is on only between the first and the last step). A
-   collective the learner's code runs always appears; extra communication (gathering the state)
-   shows as extra bytes, and no communication (weights obtained without training) as too few. A
-   worker that rewrites the file after the fact can forge it; the grader copies it when the run
-   ends. A count no worker can lower is the kernel's byte counter of the run's own loopback
-   interface (the sandbox gives each run a network namespace): see the report in
-   ``assignments/README.md``.
+   the protected loop runs (the timeline is on only between the first and the last step). Every
+   collective the learner's code runs appears in it, whichever rank starts it; extra communication
+   (gathering the state) shows as extra bytes, and none (weights obtained without training) as too
+   few. A worker that rewrites the file afterwards can forge it, and traffic outside Horovod (files
+   in the run's shared ``/tmp``, sockets of its own) is not in it. The count no worker can lower is
+   the kernel's byte counter of the run's own loopback interface (the sandbox gives each run a
+   network namespace), but at this scale it measures time, not payload: Horovod's coordination
+   every cycle dominates it (2026-11-26, 2 workers under load, each launch in a fresh namespace:
+   225 MB for a launch that only calls ``hvd.init()``, 1.23 GB for the 30 steps of plain DP in
+   71 s, 2.44 GB for ZeRO-1's in 137 s, against 18 MB of gradients and parameters).
 
 The evidence files (:data:`EVIDENCE`) are written by the protected loop into ``output_dir`` on each
 rank: ``weights-rank<R>-step<K>.npz`` at each probe step and ``weights-rank<R>-final.npz``,
@@ -89,17 +96,20 @@ LEARNING_RATE, BETA_1, BETA_2, EPSILON = 1e-3, 0.9, 0.999, 1e-7
 STATE_BYTES_PER_PARAMETER = 12
 
 #: Tolerance on every weight (absolute) between a run and the reference, after the same steps.
-#: Measured (``python -m mgpu.assessment_zero1 --measure``, 2026-11-26, 30 steps, seeds 0-2): the
-#: reference against itself in another summation order (the global batch's mean gradient, the
-#: workers' gradients averaged in rank order, in reverse order) differed by at most 1.2e-7; a real
-#: 2-worker Horovod data-parallel run and the ZeRO-1 solution by at most 1.8e-7 from the reference.
-#: 1e-5 is about 50x that, and 30 steps of Adam move the weights by ~3e-2 (a run that skips a
-#: step, uses another epsilon or bias correction, or SGD, misses by 1e-4 or more).
+#: Measured 2026-11-26, 30 steps: the reference against itself in another summation order (the
+#: global batch's mean gradient against the 2 workers' mean gradients averaged) differed by at most
+#: 1.0e-7 (seeds 0-2, ``python -m mgpu.assessment_zero1 --measure``); real Horovod runs of plain DP
+#: and of the ZeRO-1 solution on 2 and 4 workers by at most 1.0e-7 (seeds 0 and 7). Adam done otherwise
+#: misses by far more (seed 0, final weights): the sum of the gradients instead of their mean
+#: 4.1e-3, epsilon inside the bias correction 6.8e-3, the step counted from 1 1.5e-2, no bias
+#: correction 1.3e-1. 1e-5 is 100x above the first and 400x below the second; 30 steps move the
+#: weights by up to ~3e-2.
 WEIGHTS_ATOL = 1e-5
 #: Allowed state per worker beyond 12 bytes x ceil(psi / N): this fraction of one float32 copy of
-#: the parameters (4 psi bytes). The reference solution's census exceeds 12 ceil(psi/N) by
-#: TensorFlow's and the loop's own small arrays (measured: at most a few kB); plain DP holds
-#: 12 psi, so with N = 2 the bound (6 psi + psi) leaves it 5 psi bytes out.
+#: the parameters (4 psi bytes, 307 kB). The ZeRO-1 solution's census exceeded 12 ceil(psi/N) by
+#: 3.0 kB on 2 and on 4 workers (2026-11-26: TensorFlow's and the loop's own small arrays); plain
+#: DP holds 12 psi, so the bound (6 psi + psi bytes with N = 2, 3 psi + psi with N = 4) leaves it
+#: 5 psi or 8 psi bytes out.
 STATE_MARGIN_FRACTION = 0.25
 #: Bytes sent per worker per step, relative to plain data parallelism's ring all-reduce of the
 #: gradient: ZeRO-1's reduce-scatter + all-gather send the same (plus up to N - 1 padding floats).
