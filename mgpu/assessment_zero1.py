@@ -46,8 +46,8 @@ withstand:
    the stack of every tensor, array and variable, wherever the learner keeps it (a closure, a
    global, a list, an instance), taken in the middle of training and at the end, so that state
    kept by the honest-but-wrong layouts (plain DP, gathering the full state) is always counted.
-   Code written to evade it (state kept in C buffers, files or shared memory, or the census
-   function replaced in the process) is not caught by the census. What does not depend on the
+   Code written to evade it (state kept as Python bytes or lists of numbers, in C buffers, files
+   or shared memory, or the census function replaced in the process) is not caught by it. What does not depend on the
    process is the memory the kernel accounts to it: the census is stored beside the worker's
    resident and anonymous memory at the same probes (``/proc/self/status``; the grader can read
    the same from outside as root). For this model the layouts differ by 0.46 MB of state per
@@ -165,6 +165,17 @@ def build_model(seed: int):
                                  tf.keras.layers.Dense(CLASSES)])
     model.set_weights(initial_weights(seed))
     return model
+
+
+def architecture_weights(model) -> list:
+    """The kernel and bias of each Dense layer of :func:`build_model`'s model, in order: the model's
+    weights proper. A variable attached to the model otherwise (``model.m = tf.Variable(...)``)
+    is not among them, so the census counts it. ValueError if the layers are not the fixed ones."""
+    found = [v for layer in model.layers for v in (getattr(layer, "kernel", None), getattr(layer, "bias", None))]
+    shapes = [tuple(w.shape) for w in initial_weights(0)]
+    if any(v is None for v in found) or [tuple(v.shape) for v in found] != shapes:
+        raise ValueError("the model is not the assignment's (settings.model()): its layers changed")
+    return found
 
 
 def loss_fn(logits, labels):
@@ -424,21 +435,21 @@ class Settings:
         if timeline:
             hvd.start_timeline(str(out / TIMELINE_FILE))
             record["timeline"] = "started"
-        weights = list(model.weights)
+        weights = architecture_weights(model)  # only these are not counted as state
         data = self.data()
         for step in range(self.steps):
             x, y = (tf.constant(a) for a in self.batch(step, rank))
             step_fn(step, x, y)
             record["steps_done"] = step + 1
             if step in self.probe_steps:
-                save_weights(model.get_weights(), out / f"weights-rank{rank}-step{step}.npz")
+                save_weights([w.numpy() for w in weights], out / f"weights-rank{rank}-step{step}.npz")
                 census = state_census(exclude=[*weights, *data, x, y, self])
                 record["probes"][str(step)] = {**census, "memory_kb": process_memory()}
                 write_record()
         if timeline:
             hvd.stop_timeline()
             record["timeline"] = "stopped"
-        save_weights(model.get_weights(), out / f"weights-rank{rank}-final.npz")
+        save_weights([w.numpy() for w in weights], out / f"weights-rank{rank}-final.npz")
         write_record()
         return {"rank": rank, "steps": record["steps_done"]}
 
