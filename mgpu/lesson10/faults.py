@@ -1,0 +1,595 @@
+"""Faults (notebook 10): a job that survives a lost worker, a job restarted from its checkpoint, and a hang
+named by Horovod's stall inspector.
+
+- :data:`LOOPBACK_NAMES`: four names of this machine that Horovod counts as four machines. Elastic Horovod
+  blacklists the *host* of a failed worker, so four workers on one ``localhost`` would all be lost with
+  one; each worker gets a host of its own instead. :func:`loopback_hosts` checks them with Horovod's own
+  test of "is this host local".
+- :class:`Job` starts ``horovodrun`` in the background (elastic with a host discovery script, or on fixed
+  hosts), lets the caller watch the progress log the workers write, find a worker's process, SIGKILL it and
+  change the hosts the discovery script reports; it always ends every process of the job (the launcher's
+  marker, :mod:`mgpu.runtime.launch`), whatever happened.
+- :func:`elastic_train` is the elastic training function (``hvd.elastic.run`` with a
+  ``TensorFlowKerasState`` that commits); :func:`progress_summary` reads its log after a run: the sizes,
+  the rollback, the seconds lost.
+- :func:`checkpoint_train` trains with a checkpoint file every few steps and resumes from it; it records
+  the weights after every step, so a restarted run can be compared with the run it replaces, step by step.
+- :func:`uneven_epoch` is the hang: uneven shards give one rank one step fewer, so it never submits the
+  last gradient all-reduce; :func:`stall_report` and :func:`stall_named_rank` read the stall inspector's
+  message.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+import numpy as np
+import psutil
+
+from mgpu.runtime import launch
+
+#: Names of this machine that resolve to its loopback address: Horovod starts their workers without ssh,
+#: and counts each name as a machine of its own (``127.0.1`` and ``127.1`` are short forms of 127.0.0.1).
+LOOPBACK_NAMES = ("localhost", "127.0.0.1", "127.0.1", "127.1")
+
+
+def loopback_hosts(count: int) -> list[str]:
+    """``count`` names from :data:`LOOPBACK_NAMES`, each checked to be local by Horovod's own test (the
+    name resolves to an address of one of this machine's interfaces)."""
+    from horovod.runner.util import network
+
+    if not 1 <= count <= len(LOOPBACK_NAMES):
+        raise ValueError(f"between 1 and {len(LOOPBACK_NAMES)} loopback hosts, not {count}")
+    local = network.get_local_host_addresses()
+    names = list(LOOPBACK_NAMES[:count])
+    foreign = [n for n in names if network.resolve_host_address(n) not in local]
+    if foreign:
+        raise RuntimeError(f"{foreign}: Horovod does not see these names as this machine here")
+    return names
+
+
+# --------------------------------------------------------------------------------------------
+# A job in the background
+
+
+class Job:
+    """``horovodrun`` running ``fn(folder, *args)`` in the background, in its own folder.
+
+    Elastic (``discovery=`` the first hosts, ``{host: slots}``): horovodrun runs a host discovery
+    script that prints the hosts file of the folder, which :meth:`set_hosts` rewrites. Fixed hosts:
+    ``hosts="localhost:2"``. Use it as a context manager: leaving the block ends every process of the
+    job (horovodrun, its workers, whatever they started), also on an error or a time-out.
+    """
+
+    def __init__(self, fn: Callable[..., Any], args: Sequence[Any], folder: str | os.PathLike, *, np: int,
+                 hosts: str | None = None, discovery: Mapping[str, int] | None = None,
+                 min_np: int | None = None, max_np: int | None = None, cooldown: tuple[int, int] | None = None,
+                 env: Mapping[str, str] | None = None, start_timeout: int = launch.DEFAULT_START_TIMEOUT):
+        if (hosts is None) == (discovery is None):
+            raise ValueError("give hosts= (fixed) or discovery= (elastic), not both or neither")
+        self.folder = Path(folder)
+        if self.folder.exists():
+            shutil.rmtree(self.folder)
+        (self.folder / "workers").mkdir(parents=True)
+        self.job_dir = self.folder / "job"
+        self.job_dir.mkdir()
+        launch.write_function_job(self.job_dir, fn, (str(self.folder), *args))
+        horovodrun = shutil.which("horovodrun", path=str(Path(sys.executable).parent) + os.pathsep
+                                  + os.environ.get("PATH", ""))
+        if horovodrun is None:
+            raise launch.LaunchError("horovodrun not found: run `make setup` (it builds Horovod into .venv)")
+        self.command = [horovodrun, "-np", str(np)]
+        if discovery is not None:
+            self.set_hosts(discovery)
+            script = self.folder / "discover_hosts.sh"
+            script.write_text(f"#!/bin/sh\n# prints the hosts that are up, one host:slots a line\ncat '{self.folder / 'hosts'}'\n")
+            script.chmod(0o755)
+            self.command += ["--min-np", str(min_np or np), "--max-np", str(max_np or np),
+                             "--host-discovery-script", str(script)]
+            if cooldown:
+                self.command += ["--blacklist-cooldown-range", str(cooldown[0]), str(cooldown[1])]
+        else:
+            self.command += ["-H", hosts]
+        self.command += ["--gloo", "--start-timeout", str(start_timeout),
+                         sys.executable, "-m", "mgpu.runtime._worker", str(self.job_dir)]
+        self.launch_id = uuid.uuid4().hex
+        child = dict(os.environ)
+        child.update(env or {})
+        child[launch.LAUNCH_MARKER] = self.launch_id
+        child.setdefault(launch.THREADS_VARIABLE, str(launch.threads_per_worker(max_np or np)))
+        child.setdefault("HOROVOD_GLOO_TIMEOUT_SECONDS", str(start_timeout))
+        child.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+        child.setdefault("PYTHONUNBUFFERED", "1")
+        child["CUDA_VISIBLE_DEVICES"] = ""
+        package_root = str(Path(__file__).resolve().parents[2])
+        child["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, child.get("PYTHONPATH")) if p)
+        self.lines: list[str] = []
+        self.started = time.time()
+        self.popen = subprocess.Popen(self.command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                      stdin=subprocess.DEVNULL, text=True, errors="replace", env=child,
+                                      start_new_session=True)
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        for line in iter(self.popen.stdout.readline, ""):
+            self.lines.append(line)
+        self.popen.stdout.close()
+
+    # the hosts the discovery script reports ------------------------------------------------
+    def set_hosts(self, hosts: Mapping[str, int]) -> None:
+        """What the discovery script prints from now on: the machines that are up."""
+        tmp = self.folder / "hosts.tmp"
+        tmp.write_text("".join(f"{host}:{slots}\n" for host, slots in hosts.items()))
+        os.replace(tmp, self.folder / "hosts")
+
+    # what the workers wrote ------------------------------------------------------------------
+    @property
+    def output(self) -> str:
+        return "".join(self.lines)
+
+    def progress(self) -> list[dict]:
+        """The events rank 0 logged so far (one dict per step, commit or reset)."""
+        return read_progress(self.folder)
+
+    def workers(self) -> list[dict]:
+        """The worker processes alive now: ``{"host", "pid"}`` as each registered itself."""
+        found = []
+        for path in sorted((self.folder / "workers").glob("*.json")):
+            info = json.loads(path.read_text())
+            if psutil.pid_exists(info["pid"]) and _same_process(info):
+                found.append(info)
+        return found
+
+    def worker_on(self, host: str) -> dict:
+        on_host = [w for w in self.workers() if w["host"] == host]
+        if len(on_host) != 1:
+            raise RuntimeError(f"{len(on_host)} live workers on {host}, expected one")
+        return on_host[0]
+
+    def wait_for(self, condition: Callable[[list[dict]], bool], timeout: float, what: str = "") -> list[dict]:
+        """Poll the progress log until ``condition(events)`` holds; fail if the job ends or time runs out."""
+        deadline = time.monotonic() + timeout
+        while True:
+            events = self.progress()
+            if condition(events):
+                return events
+            if self.popen.poll() is not None:
+                raise launch.LaunchError(f"the job ended (status {self.popen.returncode}) before {what or 'the condition'}:"
+                                         f"\n{self.output[-3000:]}")
+            if time.monotonic() > deadline:
+                raise launch.LaunchError(f"waited {timeout:.0f} s for {what or 'the condition'}:\n{self.output[-3000:]}")
+            time.sleep(0.02)
+
+    def wait(self, timeout: float) -> int | None:
+        """Wait for horovodrun to end; on a time-out end the job. Returns horovodrun's status (None: timed out)."""
+        try:
+            return self.popen.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.close()
+            return None
+        finally:
+            self._reader.join(timeout=10)
+
+    def result(self) -> Any:
+        """What rank 0 returned (``result.json``), or None."""
+        path = self.folder / "result.json"
+        return json.loads(path.read_text()) if path.exists() else None
+
+    def close(self) -> None:
+        launch._kill_launch(self.popen, self.launch_id)
+        self._reader.join(timeout=10)
+
+    def __enter__(self) -> "Job":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _same_process(info: dict) -> bool:
+    try:
+        return abs(psutil.Process(info["pid"]).create_time() - info["created"]) < 1.0
+    except psutil.NoSuchProcess:
+        return False
+
+
+def register_worker(folder: str | os.PathLike, rank: int | None = None) -> None:
+    """Called by each worker at its start: its host (Horovod's name for its machine), rank and process id."""
+    pid = os.getpid()
+    info = {"host": os.environ.get("HOROVOD_HOSTNAME", "localhost"), "rank": rank, "pid": pid,
+            "created": psutil.Process(pid).create_time()}
+    _write_json(Path(folder) / "workers" / f"{pid}.json", info)
+
+
+def _write_json(path: Path, payload: Any) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(payload))
+    os.replace(tmp, path)
+
+
+def log_event(folder: str | os.PathLike, **event: Any) -> None:
+    """Append one event to the job's progress log (rank 0 calls it), with the wall-clock time."""
+    with open(Path(folder) / "progress.jsonl", "a") as log:
+        log.write(json.dumps({"t": time.time(), **event}) + "\n")
+
+
+def read_progress(folder: str | os.PathLike) -> list[dict]:
+    path = Path(folder) / "progress.jsonl"
+    if not path.exists():
+        return []
+    events = []
+    for line in path.read_text().splitlines():
+        try:
+            events.append(json.loads(line))
+        except ValueError:  # a line being written
+            break
+    return events
+
+
+def leftover_processes(job: Job) -> list[psutil.Process]:
+    """Processes of the job still alive (none, after :meth:`Job.close`)."""
+    return launch.marked_processes(job.launch_id)
+
+
+# --------------------------------------------------------------------------------------------
+# The task every run here trains on
+
+
+def toy_task(seed: int, n_train: int, n_test: int, dim: int = 16, classes: int = 8, spread: float = 1.6):
+    """A classification task the same on every worker: Gaussian clusters around random centres, some
+    overlapping (so accuracy ends below 1)."""
+    rng = np.random.default_rng(seed)
+    centres = rng.normal(size=(classes, dim)) * spread / np.sqrt(dim) * 3
+
+    def draw(n):
+        labels = rng.integers(0, classes, n)
+        return (centres[labels] + rng.normal(size=(n, dim))).astype("float32"), labels.astype("int64")
+
+    return (*draw(n_train), *draw(n_test))
+
+
+def _model(tf, dim: int, classes: int, width: int):
+    model = tf.keras.Sequential([tf.keras.Input((dim,)), tf.keras.layers.Dense(width, activation="relu"),
+                                 tf.keras.layers.Dense(classes)])
+    return model
+
+
+# --------------------------------------------------------------------------------------------
+# Elastic training
+
+
+def elastic_train(folder: str, config: dict) -> dict:
+    """One worker of the elastic job. ``config``: seed, n_train, n_test, width, batch (per worker), lr (per
+    worker; the rate is ``lr * hvd.size()``), epochs, commit_every (steps between commits), device_ms (the modelled device's time for one step's math, or 0).
+
+    Every epoch visits the same shuffled order of examples whatever the number of workers: a step takes the
+    next ``size * batch`` examples and worker ``r`` the r-th slice of them. The state holds the model, the
+    optimizer, the epoch and the position in it; it is committed every ``commit_every`` steps and at the end
+    of each epoch. Rank 0 logs each step, commit and reset to the progress log.
+    """
+    import mgpu  # noqa: F401  (Keras 2 on every stack)
+    import horovod.tensorflow as hvd
+    import tensorflow as tf
+
+    hvd.init()
+    register_worker(folder, rank=hvd.rank())
+    # Gloo's timeout is read at each hvd.init(). The first one (the job's value) also bounds how long a
+    # survivor waits for a peer that went silent; after a change of workers, the survivors' hvd.init()
+    # waits for a joining worker to start (Python, TensorFlow): give that more time.
+    os.environ["HOROVOD_GLOO_TIMEOUT_SECONDS"] = str(config.get("join_timeout", 120))
+    tf.keras.utils.set_random_seed(config["seed"])
+    x, y, x_test, y_test = toy_task(config["seed"], config["n_train"], config["n_test"])
+    model = _model(tf, x.shape[1], int(y.max()) + 1, config["width"])
+    optimizer = tf.keras.optimizers.SGD(config["lr"] * hvd.size(), momentum=0.9)
+    optimizer.build(model.trainable_variables)  # the state saves the optimizer's variables: create them now
+    loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    batch, device_s = config["batch"], config.get("device_ms", 0) / 1e3
+
+    @tf.function
+    def gradients(xb, yb):
+        with tf.GradientTape() as tape:
+            loss = loss_fn(yb, model(xb, training=True))
+        return tape.gradient(loss, model.trainable_variables)
+
+    @tf.function
+    def apply(grads):
+        grads = [hvd.allreduce(g, op=hvd.Average) for g in grads]
+        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+
+    state = hvd.elastic.TensorFlowKerasState(model, optimizer, epoch=0, position=0, step=0, examples=0)
+
+    def on_reset():  # after a worker left or joined: new size, new rate
+        optimizer.learning_rate.assign(config["lr"] * hvd.size())
+        if hvd.rank() == 0:
+            log_event(folder, event="reset", size=hvd.size(), step=state.step, examples=state.examples)
+
+    state.register_reset_callbacks([on_reset])
+    math_s = []
+
+    @hvd.elastic.run
+    def train(state):
+        while state.epoch < config["epochs"]:
+            order = np.random.default_rng([config["seed"], state.epoch]).permutation(len(x))
+            while state.position + hvd.size() * batch <= len(x):
+                start = state.position + hvd.rank() * batch
+                mine = order[start:start + batch]
+                began = time.perf_counter()
+                grads = gradients(x[mine], y[mine])
+                math_s.append(time.perf_counter() - began)
+                time.sleep(max(0.0, began + device_s - time.perf_counter()))  # the modelled device's time
+                apply(grads)
+                state.position += hvd.size() * batch
+                state.examples += hvd.size() * batch
+                state.step += 1
+                if hvd.rank() == 0:
+                    log_event(folder, event="step", size=hvd.size(), step=state.step, epoch=state.epoch,
+                              examples=state.examples)
+                if state.step % config["commit_every"] == 0:
+                    state.commit()
+                    if hvd.rank() == 0:
+                        log_event(folder, event="commit", step=state.step, examples=state.examples)
+            state.epoch, state.position = state.epoch + 1, 0
+            state.commit()
+
+    train(state)
+    accuracy = float(np.mean(np.argmax(model(x_test).numpy(), axis=1) == y_test))
+    if hvd.rank() == 0:
+        _write_json(Path(folder) / "result.json", {
+            "accuracy": accuracy, "size": hvd.size(), "steps": state.step, "examples": state.examples,
+            "math_ms_per_step": 1e3 * float(np.median(math_s[1:] or math_s))})
+    return {"accuracy": accuracy}
+
+
+def progress_summary(events: Sequence[dict], killed_at: float | None = None) -> dict:
+    """What the progress log of an elastic run shows: the number of workers step by step (as runs of
+    ``[size, steps]``), the steps rolled back, and, given the time of the kill, the seconds lost: from the
+    kill until the job had again trained on as many examples as it had when the worker died."""
+    steps = [e for e in events if e["event"] == "step"]
+    sizes: list[list[int]] = []
+    for e in steps:
+        if sizes and sizes[-1][0] == e["size"]:
+            sizes[-1][1] += 1
+        else:
+            sizes.append([e["size"], 1])
+    summary: dict[str, Any] = {"sizes": sizes, "steps": steps[-1]["step"] if steps else 0}
+    if killed_at is None:
+        return summary
+    before = [e for e in steps if e["t"] <= killed_at]
+    resets = [e for e in events if e["event"] == "reset" and e["t"] > killed_at]
+    if not before or not resets:
+        raise ValueError("the log shows no step before the kill or no reset after it")
+    reached, reset = before[-1], resets[0]
+    back = next((e for e in steps if e["t"] > reset["t"] and e["examples"] >= reached["examples"]), None)
+    summary.update({
+        "step_at_kill": reached["step"], "examples_at_kill": reached["examples"],
+        "rolled_back_to_step": reset["step"], "steps_rolled_back": reached["step"] - reset["step"],
+        "seconds_to_regroup": reset["t"] - killed_at, "workers_after_failure": reset["size"],
+        "seconds_lost": None if back is None else back["t"] - killed_at,
+    })
+    joins = [e for e in events if e["event"] == "reset" and e["t"] > reset["t"] and e["size"] > reset["size"]]
+    if joins:
+        summary["workers_after_join"] = joins[0]["size"]
+        last = [e for e in steps if e["t"] < joins[0]["t"]]
+        nxt = [e for e in steps if e["t"] > joins[0]["t"]]
+        summary["seconds_join_pause"] = (nxt[0]["t"] - last[-1]["t"]) if last and nxt else None
+    return summary
+
+
+# --------------------------------------------------------------------------------------------
+# Checkpoint and restart
+
+
+def _flat(variables) -> np.ndarray:
+    return np.concatenate([np.asarray(v.numpy()).ravel().astype("float64") for v in variables])
+
+
+def checkpoint_train(folder: str, config: dict, trace: str) -> dict:
+    """One worker of a job that checkpoints every ``config["checkpoint_every"]`` steps and starts from the
+    last checkpoint if there is one (``folder/../checkpoint.npz``, shared by the runs of one job).
+
+    The checkpoint holds everything the next step depends on: the weights, the optimizer's variables (its
+    step count and momentum) and the step; each step's batch follows from (seed, step) alone. Rank 0
+    writes it to a temporary file and renames it, so a kill never leaves half a checkpoint. It also records
+    the weights after every step in ``trace`` (a folder), the record the restarted run is compared with.
+    """
+    import mgpu  # noqa: F401
+    import horovod.tensorflow as hvd
+    import tensorflow as tf
+
+    hvd.init()
+    register_worker(folder)
+    tf.config.experimental.enable_op_determinism()
+    tf.keras.utils.set_random_seed(config["seed"] + hvd.rank())
+    x, y, _, _ = toy_task(config["seed"], config["n_train"], 16)
+    model = _model(tf, x.shape[1], int(y.max()) + 1, config["width"])
+    optimizer = tf.keras.optimizers.SGD(config["lr"], momentum=0.9)
+    optimizer.build(model.trainable_variables)
+    loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    checkpoint = Path(folder).parent / "checkpoint.npz"
+    trace = Path(trace)
+    trace.mkdir(parents=True, exist_ok=True)
+    variables = model.variables + optimizer.variables
+
+    step = 0
+    if hvd.rank() == 0 and checkpoint.exists():  # rank 0 reads it, the broadcast gives it to everyone
+        saved = np.load(checkpoint)
+        for i, var in enumerate(variables):
+            var.assign(saved[f"v{i}"])
+        step = int(saved["step"])
+    hvd.broadcast_variables(variables, root_rank=0)
+    step = hvd.broadcast_object(step, root_rank=0)
+    started_at = step
+    loaded = _flat(model.variables)
+
+    @tf.function
+    def train_step(xb, yb):
+        with tf.GradientTape() as tape:
+            loss = loss_fn(yb, model(xb, training=True))
+        tape = hvd.DistributedGradientTape(tape)
+        optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
+
+    batch = config["batch"]
+    while step < config["steps"]:
+        order = np.random.default_rng([config["seed"], step]).choice(len(x), hvd.size() * batch, replace=False)
+        mine = order[hvd.rank() * batch:(hvd.rank() + 1) * batch]
+        train_step(x[mine], y[mine])
+        step += 1
+        if hvd.rank() == 0:
+            np.save(trace / f"step-{step:04d}.npy", _flat(model.variables))
+            if step % config["checkpoint_every"] == 0:
+                tmp = checkpoint.with_name("checkpoint.tmp.npz")
+                np.savez(tmp, step=step, **{f"v{i}": v.numpy() for i, v in enumerate(variables)})
+                os.replace(tmp, checkpoint)
+            log_event(folder, event="step", step=step, checkpointed=step % config["checkpoint_every"] == 0)
+    spread = max(float(np.abs(w - _flat(model.variables)).max()) for w in hvd.allgather_object(_flat(model.variables)))
+    if hvd.rank() == 0:
+        _write_json(Path(folder) / "result.json", {"started_at": started_at, "steps": step, "rank_spread": spread})
+        np.save(trace / f"loaded-{started_at:04d}.npy", loaded)
+    return {"started_at": started_at}
+
+
+def trace_diff(first: str | os.PathLike, second: str | os.PathLike, steps: Iterable[int],
+               loaded_step: int | None = None) -> float:
+    """The largest absolute difference between two runs' weights (their traces) over ``steps``; at
+    ``loaded_step``, the step a restarted ``second`` run loaded, its weights as loaded from the checkpoint."""
+    first, second = Path(first), Path(second)
+
+    def weights(trace, step):
+        if trace == second and step == loaded_step:
+            return np.load(trace / f"loaded-{step:04d}.npy")
+        return np.load(trace / f"step-{step:04d}.npy")
+
+    return max(float(np.abs(weights(first, s) - weights(second, s)).max()) for s in steps)
+
+
+# --------------------------------------------------------------------------------------------
+# A hang
+
+
+def local_steps(shard_size: int, batch: int) -> int:
+    """The bug: each worker counts its own full batches, so a worker with a shorter shard stops early."""
+    return shard_size // batch
+
+
+def uneven_epoch(folder: str, n_examples: int, batch: int, steps_for: Callable[[int, int], int]) -> dict:
+    """One worker of an epoch over uneven shards: worker ``r`` takes examples ``r, r + size, ...`` of
+    ``n_examples`` and runs ``steps_for(len(shard), batch)`` steps, each an all-reduce of its gradient named
+    ``gradient``, then all-reduces its accuracy (``val_accuracy``). If the workers do not agree on the number
+    of steps, the ones with more wait for the others' last ``gradient`` forever. Before each collective a
+    worker notes its name in ``collectives/rank-<r>.log``: :func:`watch_for_stall` reads these notes.
+    """
+    import mgpu  # noqa: F401
+    import horovod.tensorflow as hvd
+    import tensorflow as tf
+
+    hvd.init()
+    register_worker(folder, rank=hvd.rank())
+    notes = Path(folder) / "collectives"
+    notes.mkdir(exist_ok=True)
+
+    def submit(name):
+        with open(notes / f"rank-{hvd.rank()}.log", "a") as log:
+            log.write(name + "\n")
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(n_examples, 4)).astype("float32")
+    shard = x[hvd.rank()::hvd.size()]
+    w = tf.Variable(tf.zeros(4))
+
+    @tf.function  # in a graph each all-reduce keeps its name; eagerly, Horovod matches them by order
+    def step(xb):
+        gradient = tf.reduce_mean(xb, axis=0) - w  # pulls w toward the data's mean
+        w.assign_add(0.5 * hvd.allreduce(gradient, name="gradient"))
+
+    @tf.function
+    def average(value):
+        return hvd.allreduce(value, name="val_accuracy")
+
+    steps = steps_for(len(shard), batch)
+    for i in range(steps):
+        submit("gradient")
+        step(shard[i * batch:(i + 1) * batch])
+    submit("val_accuracy")
+    average(tf.constant(1.0))
+    result = {"rank": hvd.rank(), "shard": len(shard), "steps": steps}
+    everyone = hvd.allgather_object(result)
+    if hvd.rank() == 0:
+        _write_json(Path(folder) / "result.json", everyone)
+    return result
+
+
+def collectives_report(folder: str | os.PathLike) -> dict[int, list[str]] | None:
+    """From the workers' notes, the first collective they disagree on, in the stall inspector's form:
+    ``{rank: [tensors the others submitted there and it did not]}``; None if they agree."""
+    logs = {int(p.stem.split("-")[1]): p.read_text().split() for p in Path(folder, "collectives").glob("rank-*.log")}
+    if not logs:
+        return None
+    for i in range(max(len(names) for names in logs.values())):
+        here = {rank: names[i] if i < len(names) else None for rank, names in logs.items()}
+        if len(set(here.values())) > 1:
+            submitted = {name for name in here.values() if name is not None}
+            return {rank: sorted(submitted - {name}) for rank, name in sorted(here.items())}
+    return None
+
+
+def watch_for_stall(job: "Job", quiet_seconds: float, timeout: float) -> dict[int, list[str]] | None:
+    """Wait for the job to end; if no worker submits a collective for ``quiet_seconds`` while it runs, take
+    the workers' report (:func:`collectives_report`) and end the job. Returns the report, or None if the job
+    ended by itself. (Horovod's own stall inspector does this from inside; under Gloo, Horovod 0.28.1's
+    checks an empty list of ranks and reports nothing.)"""
+    deadline, last, quiet_since = time.monotonic() + timeout, None, time.monotonic()
+    notes = Path(job.folder) / "collectives"
+    while job.popen.poll() is None and time.monotonic() < deadline:
+        size = sum(p.stat().st_size for p in notes.glob("rank-*.log")) if notes.exists() else 0
+        if size != last:
+            last, quiet_since = size, time.monotonic()
+        elif size and time.monotonic() - quiet_since > quiet_seconds:
+            report = collectives_report(job.folder)
+            if report:
+                job.close()
+                return report
+        time.sleep(0.1)
+    job.wait(timeout=max(1.0, deadline - time.monotonic()))
+    return None
+
+
+#: How horovodrun prefixes a worker's line: ``[rank]<stderr>:``.
+_PREFIX = re.compile(r"^\[\d+\]<std(?:out|err)>:")
+
+
+def stall_report(output: str) -> dict[int, list[str]] | None:
+    """The first stall inspector report in a job's output, as ``{rank: [tensors it has not submitted]}``
+    (the "Missing ranks:" lines; a ``!`` after a rank marks it for shutdown). None if there is none."""
+    lines = [_PREFIX.sub("", line) for line in output.splitlines()]
+    for i, line in enumerate(lines):
+        if line.rstrip().endswith("Missing ranks:"):
+            missing = {}
+            for entry in lines[i + 1:]:
+                match = re.match(r"^(\d+)!?: \[(.*)\]\s*$", entry.strip())
+                if not match:
+                    break
+                missing[int(match.group(1))] = [t.strip() for t in match.group(2).split(",") if t.strip() != "..."]
+            return missing
+    return None
+
+
+def stall_named_rank(report: Mapping[int, Sequence[str]]) -> int:
+    """The rank that held the others up: the one missing a tensor that every other rank submitted."""
+    ranks = set(report)
+    for rank in sorted(ranks):
+        for tensor in report[rank]:
+            if not any(tensor in report[other] for other in ranks - {rank}):
+                return rank
+    raise ValueError(f"no rank alone is missing a tensor in {dict(report)}")
