@@ -485,18 +485,20 @@ def stash_peaks(order) -> list[int]:
 def _dense_weights(width: int, layers: int, classes: int, last: bool, seed) -> list[np.ndarray]:
     sizes = [width] * (layers + 1) + ([classes] if last else [])
     rng = np.random.default_rng(seed)
-    return [(rng.normal(size=(a, b)) * np.sqrt(2 / a)).astype(np.float32) for a, b in zip(sizes[:-1], sizes[1:])]
+    return [(rng.normal(size=(a, b)) * np.sqrt(1 / a)).astype(np.float32) for a, b in zip(sizes[:-1], sizes[1:])]
 
 
 def stage_forward(weights, x, last):
-    """A stage's forward in numpy: ReLU dense layers (the last stage's last layer gives logits). Returns the
-    output and what the backward needs (the stash: every layer's input)."""
+    """A stage's forward in numpy: tanh dense layers (the last stage's last layer gives logits). Returns the
+    output and what the backward needs (the stash: every layer's input). tanh, not ReLU: a ReLU's kink at 0
+    would let a pre-activation rounded to either side of 0 (micro-batches change the rounding) change a
+    gradient by far more than float32 rounding, and the notebook compares gradients to rounding."""
     stash = []
     for i, w in enumerate(weights):
         stash.append(x)
         x = x @ w
         if not (last and i == len(weights) - 1):
-            x = np.maximum(x, 0)
+            x = np.tanh(x)
     return x, stash
 
 
@@ -514,7 +516,7 @@ def stage_backward(weights, stash, dy, last, labels=None, batch=None):
             p[np.arange(len(labels)), labels] -= 1
             dz = (p / batch).astype(np.float32)
         else:
-            dz = dy * ((x @ w) > 0)
+            dz = dy * (1 - np.tanh(x @ w) ** 2)
         grads[i] = x.T @ dz
         dy = dz @ w.T
     return dy, grads
@@ -618,7 +620,7 @@ def _stage_process(s, stages, width, layers, classes, seed, commands, results, f
 
 
 class ProcessPipeline:
-    """``stages`` processes, stage s holding ``layers`` dense ReLU layers of ``width`` units (the last adds the
+    """``stages`` processes, stage s holding ``layers`` dense tanh layers of ``width`` units (the last adds the
     ``classes`` logits), joined by queues: stage s sends its activations to s + 1 and its input's gradient
     to s - 1. Horovod has no point-to-point send, so the stages are plain processes (``multiprocessing``,
     started with spawn); each runs single-threaded numpy. Use it in a ``with`` block."""
