@@ -39,7 +39,7 @@ def collective_costs(rows, fits, formula=None, name: str = "07_collective_costs"
         ax.set_xlabel("message (bytes)")
         ax.set_title(f"{n} workers (Gloo)", fontsize=10)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=7, loc="best")
     axes[0][0].set_ylabel("time per call (ms)")
     fig.suptitle("Collectives on Horovod: measured (points) and time = a + n / b fitted (lines)", fontsize=10)
     fig.tight_layout()
