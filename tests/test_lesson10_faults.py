@@ -69,7 +69,7 @@ def test_an_elastic_job_survives_a_sigkill_and_rolls_back_to_a_commit(tmp_path):
     hosts = faults.loopback_hosts(3)
     config = dict(seed=3, n_train=1536, n_test=256, width=16, batch=32, lr=0.02, epochs=2, commit_every=4, device_ms=20)
     with faults.Job(faults.elastic_train, (config,), tmp_path / "job", np=3, min_np=2, max_np=3, cooldown=(1, 2),
-                    discovery={h: 1 for h in hosts}, env={"HOROVOD_GLOO_TIMEOUT_SECONDS": "30"}) as job:
+                    discovery={h: 1 for h in hosts}, env={"HOROVOD_GLOO_TIMEOUT_SECONDS": "10"}) as job:
         job.wait_for(lambda events: any(e.get("step", 0) >= 22 for e in events), 300, "step 22")
         victim = job.worker_on(hosts[-1])
         os.kill(victim["pid"], signal.SIGKILL)

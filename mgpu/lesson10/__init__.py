@@ -2,6 +2,8 @@
 
 - ``multinode``     notebook 10's host plans, multi-machine commands and their dry run
 - ``slurm_horovod`` notebook 10's Horovod job inside a Slurm allocation, started by srun without ssh or MPI
+- ``faults``        notebook 10's faults: an elastic job that loses a worker and takes one back, a checkpointed job
+  restarted after a kill, a hang and the rank that causes it
 
 ``multinode`` and ``slurm_horovod`` are this lesson's subject (running Horovod on several machines,
 under Slurm). The launcher (:mod:`mgpu.runtime.launch`, for ``hosts=``) and the grader's Slurm mode
