@@ -87,15 +87,23 @@ def summarize(path_or_events, before: str | None = None) -> dict:
     return {"span_s": span, "tensors": len(tensors), "activities": activities}
 
 
-def collective_calls(path_or_events, activity: str = "GLOO_ALLREDUCE") -> int:
+#: The activities in which a collective library runs an all-reduce, one per backend.
+ALLREDUCE_ACTIVITIES = ("NCCL_ALLREDUCE", "GLOO_ALLREDUCE", "MPI_ALLREDUCE", "CCL_ALLREDUCE")
+
+
+def collective_calls(path_or_events, activity: str | None = None) -> int:
     """How many times Horovod ran ``activity`` (``GLOO_ALLREDUCE``, ``NCCL_ALLREDUCE``...), fused tensors once.
 
     Tensors fused into one buffer go through one call together: Horovod begins the activity for every
     one of them before it ends it for any, so their intervals overlap, while separate calls follow one
-    another. The count is the number of groups of overlapping intervals."""
+    another. The count is the number of groups of overlapping intervals. Without ``activity``, the
+    first of :data:`ALLREDUCE_ACTIVITIES` the trace holds."""
     events = path_or_events if isinstance(path_or_events, list) else load_events(path_or_events)
+    found = intervals(events)
+    if activity is None:
+        activity = next((a for a in ALLREDUCE_ACTIVITIES if a in found), ALLREDUCE_ACTIVITIES[1])
     calls, end = 0, float("-inf")
-    for start, stop in sorted(intervals(events).get(activity, [])):
+    for start, stop in sorted(found.get(activity, [])):
         if start >= end:
             calls += 1
         end = max(end, stop)
