@@ -247,7 +247,7 @@ def leftover_processes(job: Job) -> list[psutil.Process]:
 # The task every run here trains on
 
 
-def toy_task(seed: int, n_train: int, n_test: int, dim: int = 16, classes: int = 8, spread: float = 1.6):
+def toy_task(seed: int, n_train: int, n_test: int, dim: int = 16, classes: int = 8, spread: float = 1.2):
     """A classification task the same on every worker: Gaussian clusters around random centres, some
     overlapping (so accuracy ends below 1)."""
     rng = np.random.default_rng(seed)
