@@ -1,5 +1,5 @@
 """Faults (notebook 10): a job that survives a lost worker, a job restarted from its checkpoint, and a hang
-named by Horovod's stall inspector.
+and the rank that causes it.
 
 - :data:`LOOPBACK_NAMES`: four names of this machine that Horovod counts as four machines. Elastic Horovod
   blacklists the *host* of a failed worker, so four workers on one ``localhost`` would all be lost with
@@ -15,8 +15,10 @@ named by Horovod's stall inspector.
 - :func:`checkpoint_train` trains with a checkpoint file every few steps and resumes from it; it records
   the weights after every step, so a restarted run can be compared with the run it replaces, step by step.
 - :func:`uneven_epoch` is the hang: uneven shards give one rank one step fewer, so it never submits the
-  last gradient all-reduce; :func:`stall_report` and :func:`stall_named_rank` read the stall inspector's
-  message.
+  last gradient all-reduce. :func:`stall_report` reads the stall inspector's "Missing ranks:" report;
+  Horovod 0.28.1's prints none under Gloo (``GlooController`` reserves its list of ranks instead of sizing
+  it, so the inspector checks no rank), so :func:`watch_for_stall` watches the ranks' own notes of the
+  collectives they submit and reports in the same form; :func:`stall_named_rank` names the rank.
 """
 
 from __future__ import annotations
