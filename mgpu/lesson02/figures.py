@@ -11,6 +11,15 @@ from mgpu.runtime.results import save_figure
 _MOMENTUM_COLOURS = {0.0: "tab:blue", 0.9: "tab:red"}
 
 
+def _readable_log_axis(axis):
+    """Ticks at 1, 2 and 5 times each power of ten, written as plain numbers, on a log axis."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullLocator
+
+    axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    axis.set_minor_locator(NullLocator())
+
+
 def _log2_batch_axis(ax, batch_sizes):
     ax.set_xscale("log", base=2)
     ax.set_xticks(list(batch_sizes), [str(b) for b in batch_sizes])
@@ -42,7 +51,9 @@ def time_to_accuracy_runs(runs, target: float, name: str = "02_time_to_accuracy"
     fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
     colours = plt.cm.viridis(np.linspace(0, 0.85, len(runs)))
     for run, colour in zip(runs, colours):
-        axes[0].plot(run.wall_times, run.val_accuracy, "o-", ms=3, color=colour, label=f"B = {run.batch_size}")
+        epochs = len(run.val_accuracy)
+        axes[0].plot(run.wall_times, run.val_accuracy, "o-", ms=3 if epochs > 1 else 6, color=colour,
+                     label=f"B = {run.batch_size} ({epochs} epoch{'' if epochs == 1 else 's'})")
     axes[0].axhline(target, color="black", ls=":", label=f"target {target:.2f}")
     axes[0].set_xlabel("wall time since training began (s)")
     axes[0].set_ylabel("test accuracy")
@@ -118,6 +129,8 @@ def noise_scale_run(run, b_crit: float, target_loss: float, pooled=(), name: str
     ax.axhline(b_crit, color="tab:blue", ls="--", label=f"B_crit from the S(B) fit: {b_crit:.0f}")
     ax.set_xscale("log")
     ax.set_yscale("log")
+    _readable_log_axis(ax.xaxis)
+    _readable_log_axis(ax.yaxis)
     ax.set_xlabel("training step (step 0 drawn at 0.5)")
     ax.set_ylabel("batch size")
     twin = ax.twinx()
@@ -177,6 +190,7 @@ def sharp_vs_flat(alphas, train_loss, test_accuracy, sharpness: dict, accuracies
     ax = axes[0]
     ax.plot(alphas, train_loss, "-", color="tab:blue", label="training loss")
     ax.set_yscale("log")
+    _readable_log_axis(ax.yaxis)
     ax.set_xlabel("a  (0 = small-batch solution, 1 = large batch after as many updates)")
     ax.set_ylabel("training loss (log)", color="tab:blue")
     for a in (0, 1):
@@ -185,7 +199,7 @@ def sharp_vs_flat(alphas, train_loss, test_accuracy, sharpness: dict, accuracies
     twin.plot(alphas, test_accuracy, "--", color="tab:red", label="test accuracy")
     twin.set_ylabel("test accuracy", color="tab:red")
     twin.set_ylim(0, 1)
-    ax.set_title("f(a x_LB + (1 - a) x_SB)", fontsize=10)
+    ax.set_title("Along the line between the two solutions", fontsize=10)
     ax = axes[1]
     labels = list(sharpness)
     ticks = [k.replace(", ", "\n") for k in labels]
