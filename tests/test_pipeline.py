@@ -214,16 +214,16 @@ def test_on_the_modelled_device_each_sentence_gives_the_prediction_of_the_two_ra
     starved = pipeline.StageResult(names["prefetch"], 150.0, 140.0, 300.0, modelled=True)
     assert starved.predicted_fraction == pytest.approx(0.5) and starved.bottleneck == "input pipeline"
     text = pipeline.describe_bottleneck(starved)
-    assert text.startswith("prefetch: starved, 0.47x") and "predicts 0.50x." in text and "disagree" not in text
+    assert text.startswith("prefetch: starved, 0.47x") and "predicts 0.50x." in text and "fell short" not in text
     fed = pipeline.StageResult(names["cache"], 900.0, 295.0, 300.0, modelled=True)
     assert fed.predicted_fraction == 1.0 and pipeline.describe_bottleneck(fed).startswith("cache: fed, 0.98x")
     # Short although the pipeline alone was faster: on the device nothing is shared, so not "shared machine".
     short = pipeline.StageResult(names["cache"], 900.0, 200.0, 300.0, modelled=True)
-    assert short.bottleneck == "input pipeline" and "pace changed" in pipeline.describe_bottleneck(short)
+    assert short.bottleneck == "input pipeline" and "ran slower while feeding" in pipeline.describe_bottleneck(short)
     close = pipeline.StageResult(names["cache"], 310.0, 200.0, 300.0, modelled=True)
-    assert "this close" in pipeline.describe_bottleneck(close)
+    assert "so little margin" in pipeline.describe_bottleneck(close)
     table = pipeline.stages_table([serial, fed, pipeline.StageResult(names["mixed_precision"], None, None, None)], 32)
-    assert "device /s" in table.columns and "of float32 ceiling" not in table.columns
+    assert "accelerator /s" in table.columns and "of float32 ceiling" not in table.columns
     assert table.rows[0]["predicted"] == pytest.approx(0.25)
 
 

@@ -7,8 +7,16 @@ import os
 import matplotlib.pyplot as plt
 import numpy as np
 
-from mgpu.runtime.plotting import finish_log_log
 from mgpu.runtime.results import save_figure
+
+
+def _readable_log_axis(axis):
+    """Ticks at 1, 2 and 5 times each power of ten, written as plain numbers, on a log axis."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullLocator
+
+    axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}" if v >= 1 else f"{v:g}"))
+    axis.set_minor_locator(NullLocator())
 
 
 def show_jpegs(folder, count: int = 6, name: str = "03_jpeg_examples"):
@@ -49,12 +57,15 @@ def pipeline_stages(results, name: str = "03_pipeline_stages", ceiling_label: st
     ax.set_yticks(y, labels, fontsize=8)
     ax.invert_yaxis()
     ax.set_xscale("log")
+    _readable_log_axis(ax.xaxis)
     ax.set_xlabel("images per second (log scale)")
-    ax.set_title("Each stage of the input pipeline against the compute ceiling\n"
-                 f"(x: training over the {ceiling_label} of each stage)", fontsize=10)
-    ax.legend(fontsize=8, loc="lower right")
+    ax.set_title("Each stage of the input pipeline against the ceiling\n"
+                 f"(the number beside each blue bar: training / the {ceiling_label}'s rate)", fontsize=10)
     ax.grid(axis="x", alpha=0.3)
-    fig.tight_layout()
+    height = 0.55 * len(shown) + 2.0
+    fig.set_figheight(height)
+    fig.legend(*ax.get_legend_handles_labels(), fontsize=8, loc="lower center", ncol=3, frameon=False)
+    fig.tight_layout(rect=(0, 0.35 / height, 1, 1))  # the legend below the axes, clear of the bars
     save_figure(fig, name)
     return fig
 
@@ -69,6 +80,7 @@ def models_vs_pipelines(results, ceilings: dict, name: str = "03_models_vs_pipel
         ax.axhline(ceiling, color=colour, linestyle="--", label=f"{label} needs {ceiling:,.0f}/s")
     ax.set_xticks(x, [r.stage.name for r in shown], rotation=30, ha="right", fontsize=8)
     ax.set_yscale("log")
+    _readable_log_axis(ax.yaxis)
     ax.set_ylabel("images per second (log scale)")
     ax.set_title("Below a model's line, the pipeline starves it", fontsize=10)
     ax.legend(fontsize=8)
@@ -87,5 +99,20 @@ def call_overhead(table: dict, name: str = "03_call_overhead"):
             batches = sorted(row)
             ax.plot(batches, [row[b] * 1e3 for b in batches], styles.get(d, ":"), marker="o",
                     label=f"{device}, Dense({width})")
-    return finish_log_log(fig, ax, name, "batch size (samples per call)", "milliseconds per training call",
-                           "Tiny models: a fixed cost per call dominates")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    _readable_log_axis(ax.xaxis)
+    _readable_log_axis(ax.yaxis)
+    low, high = ax.get_ylim()
+    if high / low < 10:  # less than a decade: widen it so that at least two ticks show
+        middle = (low * high) ** 0.5
+        ax.set_ylim(middle / 4, middle * 4)
+    # finish_log_log's ending, after the scales are set (setting a scale again would reset the ticks)
+    ax.set_xlabel("batch size (samples per call)")
+    ax.set_ylabel("milliseconds per training call")
+    ax.set_title("Tiny models: a fixed cost per call dominates", fontsize=10)
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    save_figure(fig, name)
+    return fig

@@ -103,7 +103,6 @@ def build_image_folder(dataset, n_images: int = 2000, short_side: int = 256, sha
                        seed: int = 0, quality: int = 90, verbose: bool = True) -> ImageFolder:
     """The cached JPEG folder for ``dataset`` (made now if missing): ``n_images``, class-balanced."""
     import tensorflow as tf
-    from tqdm.auto import tqdm
 
     if n_images < dataset.num_classes:
         raise ValueError(f"n_images must be at least the number of classes ({dataset.num_classes})")
@@ -127,7 +126,7 @@ def build_image_folder(dataset, n_images: int = 2000, short_side: int = 256, sha
         (staging / "tfrecord").mkdir(parents=True)
         tfrecords = [f"tfrecord/train-{i:05d}-of-{shards:05d}.tfrecord" for i in range(shards)]
         writers = [tf.io.TFRecordWriter(str(staging / name)) for name in tfrecords]
-        for n, index in enumerate(tqdm(chosen, desc="writing JPEGs", disable=not verbose)):
+        for n, index in enumerate(chosen):  # one line when done (a progress bar sticks at 0% in a saved notebook)
             label = int(dataset.y_train[index])
             folder = f"train/{label}_{dataset.class_names[label].replace('/', '-').replace(' ', '_')}"
             buffer = io.BytesIO()

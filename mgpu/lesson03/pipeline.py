@@ -103,6 +103,10 @@ def _random_crop_flip(image, image_size):
     return tf.image.random_flip_left_right(image)
 
 
+#: A random crop (and, half the time, a left-right mirror) of one image: the image-by-image way to augment.
+random_crop_flip = _random_crop_flip
+
+
 def _decode_file(path, label):
     return tf.io.decode_jpeg(tf.io.read_file(path), channels=3), label
 
@@ -338,9 +342,8 @@ def device_between(naive_rate: float, tuned_rate: float, tuned: str = "uint8_tra
     return Profile(
         name="sim-fed-device", train_s_per_example=1 / rate, eval_s_per_example=1 / (3 * rate),
         basis=(f"Its speed, {rate:,.0f} images/s, is the geometric mean of what the naive loader ({naive_rate:,.0f}/s) "
-               f"and the tuned pipeline ({tuned}, {tuned_rate:,.0f}/s) deliver alone, timed{where} "
-               f"just now: {factor:.1f}x faster than the one and {factor:.1f}x slower than the other, so the naive loader "
-               f"cannot feed it and the tuned pipeline can."))
+               f"and the tuned pipeline ({tuned}, {tuned_rate:,.0f}/s) deliver alone{where}: {factor:.1f}x "
+               f"the one, 1/{factor:.1f} of the other."))
 
 
 def calibrate_device(folder, *, batch_size: int, image_size: int, seed: int = 0, host_threads: int | None = None,
@@ -486,20 +489,22 @@ def _describe_on_device(r: StageResult) -> str:
     measured = f"measured {r.fraction_of_ceiling:.2f}x"
     if not r.stage.overlaps:
         return (f"{r.stage.name}: starved, waits for every batch. A step takes preparing the batch ({1e3 / p:.1f} ms "
-                f"per image alone) plus the device's step ({1e3 / d:.1f} ms per image), which predicts "
-                f"{r.predicted_fraction:.2f}x the device's rate; {measured}.")
+                f"per image alone) plus the accelerator's step ({1e3 / d:.1f} ms per image), which predicts "
+                f"{r.predicted_fraction:.2f}x the accelerator's rate; {measured}.")
     verdict = "fed" if r.fraction_of_ceiling >= FED else "starved"
     predicted = r.predicted_fraction
     if (predicted >= FED) == (r.fraction_of_ceiling >= FED):
         agreement = "."
-    elif min(p, d) * JUST_FED > max(p, d):
-        agreement = ("; the two disagree: with the pipeline and the device this close, a few slower or faster "
-                     "batches decide.")
+    elif predicted >= FED and min(p, d) * JUST_FED > max(p, d):
+        agreement = ("; it fell short: with so little margin, batches slower than the average empty the buffer "
+                     "and the accelerator waits.")
+    elif predicted >= FED:
+        agreement = "; it fell short: the pipeline ran slower while feeding than alone."
     else:
-        agreement = "; the two disagree: the pipeline's pace changed between its rounds alone and training."
-    return (f"{r.stage.name}: {verdict}, {r.fraction_of_ceiling:.2f}x the device's rate. Batches are prepared "
-            f"during the device's step, so a step takes the longer of the two: its pipeline alone ({p:,.0f} "
-            f"images/s) beside the device ({d:,.0f}/s) predicts {predicted:.2f}x{agreement}")
+        agreement = "; it did better: the pipeline ran faster while feeding than alone."
+    return (f"{r.stage.name}: {verdict}, {r.fraction_of_ceiling:.2f}x the accelerator's rate. Batches are prepared "
+            f"during the accelerator's step, so a step takes about the longer of the two: its pipeline alone "
+            f"({p:,.0f} images/s) beside the accelerator ({d:,.0f}/s) predicts {predicted:.2f}x{agreement}")
 
 
 def describe_bottleneck(r: StageResult, on_gpu: bool = False) -> str:
@@ -634,7 +639,7 @@ def stages_table(results: list[StageResult], batch_size: int):
     from mgpu.runtime.tables import Table
 
     two_models = any(r.reference_rate is not None for r in results)
-    ceiling = "device /s" if any(r.modelled for r in results) else "ceiling /s"
+    ceiling = "accelerator /s" if any(r.modelled for r in results) else "ceiling /s"
     rows = []
     for r in results:
         if r.train_rate is None:
