@@ -60,7 +60,7 @@ def warmup_first_steps(runs: dict, name: str = "05_warmup_first_steps"):
             loss_ax.axvline(first_bad + 1, color=f"C{i}", ls=":", lw=1)
     lr_ax.set_ylabel("learning rate")
     lr_ax.legend(fontsize=8)
-    loss_ax.set_ylabel("training loss\n(running mean in the epoch)")
+    loss_ax.set_ylabel("training loss (running mean\nsince the last evaluation)")
     loss_ax.set_yscale("log")
     loss_ax.set_xlabel("step")
     for ax in (lr_ax, loss_ax):

@@ -210,8 +210,14 @@ def train_recipes(recipes, settings: Settings, log_dir: str, log_prefix: str = "
                             validation_data=(x_val, y_val), callbacks=fit_callbacks, verbose=0)
         if verbose and rank == 0:
             acc = history.history["val_accuracy"]
-            print(f"  {recipe.name:<24} lr {recipe.learning_rate(size):<8.4g} final val acc {acc[-1]:.3f} after {len(acc) / k:g} epochs"
-                  f"{' (diverged)' if stop.diverged else ''}, {time.perf_counter() - started:.0f} s", flush=True)
+            # The clock of the log (from the start of training to the last evaluation), which the
+            # figure and the table read too.
+            logged = read_log(log_path)
+            seconds = logged[-1]["wall_time"] if logged else time.perf_counter() - started
+            epochs_done = len(acc) / k
+            print(f"  {recipe.name:<24} lr {recipe.learning_rate(size):<8.4g} final val acc {acc[-1]:.3f} after "
+                  f"{epochs_done:g} epoch{'' if epochs_done == 1 else 's'}"
+                  f"{' (diverged)' if stop.diverged else ''}, {seconds:.1f} s", flush=True)
         runs.append(RecipeRun(recipe, [float(v) for v in history.history["val_accuracy"]],
                               [float(v) for v in history.history["loss"]], [], rates.values,
                               steps.values, stop.diverged, str(log_path), device.overruns, device.steps, k))
@@ -246,7 +252,8 @@ def divergence_sweep(recipe: Recipe, settings: Settings, seeds, log_dir: str, ep
         outcomes.append({"seed": int(seed), "diverged": run.diverged, "val_accuracy": run.final_val_accuracy})
         if hvd.rank() == 0:
             print(f"  seed {seed:>3}: {'diverged' if run.diverged else 'trained'} "
-                  f"(val acc {run.final_val_accuracy:.3f} after {len(run.val_accuracy) / run.evaluations_per_epoch:g} epoch(s))",
+                  f"(val acc {run.final_val_accuracy:.3f} after {len(run.val_accuracy) / run.evaluations_per_epoch:g} "
+                  f"epoch{'' if len(run.val_accuracy) == run.evaluations_per_epoch else 's'})",
                   flush=True)
     return outcomes
 
