@@ -83,3 +83,55 @@ def hybrid_parallelism(replicas: int, stages: int, micro_batches: int, name: str
     fig.tight_layout()
     save_figure(fig, name)
     return fig
+
+
+def pipeline_schedules(timelines: dict, rows: list, stages: int, name: str = "09_pipeline_schedules"):
+    """GPipe and 1F1B side by side: measured timelines, then the idle fraction against M for both schedules.
+
+    ``timelines`` maps a panel title to a list of ``Interval``-like objects (``stage``, ``kind``,
+    ``micro_batch``, ``start``, ``end``); ``rows`` holds dicts with ``schedule``, ``micro_batches``, ``idle``
+    (on the modelled device) and ``stashed`` (the peak over stages). The last panel draws the measured idle
+    fractions (points) and (N - 1)/(M + N - 1) (line), and the peak of stashed micro-batches (bars, right axis)."""
+    from matplotlib.patches import Patch
+
+    fig, axes = plt.subplots(1, len(timelines) + 1, figsize=(4.6 * (len(timelines) + 1), 3.4),
+                             gridspec_kw={"width_ratios": [1.3] * len(timelines) + [1]})
+    for ax, (title, intervals) in zip(axes, timelines.items()):
+        for i in intervals:
+            shade = 0.35 + 0.5 * (i.micro_batch % 4) / 3
+            colour = plt.cm.Blues(shade) if i.kind == "F" else plt.cm.Oranges(shade)
+            ax.barh(i.stage, (i.end - i.start) * 1e3, left=i.start * 1e3, height=0.7, color=colour,
+                    edgecolor="black", linewidth=0.3)
+            ax.text((i.start + i.end) / 2 * 1e3, i.stage, str(i.micro_batch), ha="center", va="center", fontsize=5)
+        ax.set_yticks(range(stages), [f"stage {s}" for s in range(stages)])
+        ax.invert_yaxis()
+        ax.set_xlabel("milliseconds since the step began")
+        ax.set_title(title, fontsize=9)
+    fig.legend(handles=[Patch(color=plt.cm.Blues(0.6), label="forward (micro-batch number)"),
+                        Patch(color=plt.cm.Oranges(0.6), label="backward")], fontsize=7, loc="lower left", ncol=2)
+    ax = axes[-1]
+    ms = sorted({r["micro_batches"] for r in rows})
+    grid = np.geomspace(min(ms), max(ms), 100)
+    ax.plot(grid, (stages - 1) / (grid + stages - 1), color="black", lw=1.2, label="(N-1)/(M+N-1)")
+    twin = ax.twinx()
+    for i, schedule in enumerate(sorted({r["schedule"] for r in rows})):
+        mine = sorted((r for r in rows if r["schedule"] == schedule), key=lambda r: r["micro_batches"])
+        ax.plot([r["micro_batches"] for r in mine], [r["idle"] for r in mine], "o", color=f"C{i}",
+                label=f"{schedule}: measured idle")
+        twin.bar([r["micro_batches"] * (0.88 if i == 0 else 1.12) for r in mine], [r["stashed"] for r in mine],
+                 width=[0.2 * r["micro_batches"] for r in mine], color=f"C{i}", alpha=0.25,
+                 label=f"{schedule}: most stashed")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(ms, [str(v) for v in ms])
+    ax.set_ylim(0, 1)
+    ax.set_xlabel("micro-batches M")
+    ax.set_ylabel("idle fraction (points)")
+    twin.set_ylabel("most stashed on a stage (bars)")
+    ax.set_title(f"N = {stages} stages on the modelled device", fontsize=9)
+    handles = ax.get_legend_handles_labels()
+    more = twin.get_legend_handles_labels()
+    ax.legend(handles[0] + more[0], handles[1] + more[1], fontsize=6, loc="upper left")
+    ax.grid(alpha=0.3)
+    fig.tight_layout(rect=(0, 0.06, 1, 1))
+    save_figure(fig, name)
+    return fig
