@@ -28,10 +28,10 @@ def padded(flat, n):  # a flat tensor with zeros appended up to a multiple of n
     return tf.pad(flat, [[0, -int(flat.shape[0]) % n]])
 
 
-def dense(x, theta, fan_in, fan_out, relu):  # theta: the layer's weights, then its biases, flat
+def dense(x, theta, fan_in, fan_out, hidden):  # theta: the layer's weights, then its biases, flat
     w = tf.reshape(theta[:fan_in * fan_out], [fan_in, fan_out])
     z = tf.matmul(x, w) + theta[fan_in * fan_out:fan_in * fan_out + fan_out]
-    return tf.nn.relu(z) if relu else z
+    return tf.tanh(z) if hidden else z  # tanh on hidden layers, the logits as they are
 
 
 def cross_entropy(logits, y):

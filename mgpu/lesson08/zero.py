@@ -25,7 +25,7 @@ def layer_sizes(widths) -> list[int]:
 
 
 def layer_specs(widths) -> list[tuple[int, int, bool]]:
-    """Each dense layer's (fan_in, fan_out, relu): ReLU on every layer but the last (the logits)."""
+    """Each dense layer's (fan_in, fan_out, hidden): every layer but the last (the logits) is hidden."""
     return [(a, b, i < len(widths) - 2) for i, (a, b) in enumerate(zip(widths[:-1], widths[1:]))]
 
 
@@ -107,7 +107,7 @@ def compare_stages(stages: dict[str, Callable], adam_class, widths, batch: int, 
     """On each Horovod worker: train the MLP ``widths`` for ``steps`` steps once per stage of ``stages``,
     from the same weights on the same batches. A stage is name -> ``step(params, adams, x, y, specs)``,
     which updates ``params`` and returns the gradients it holds when its backward pass ends (``specs``:
-    each layer's (fan_in, fan_out, relu)); ``adam_class(size, lr=...)`` makes each layer's optimizer.
+    each layer's (fan_in, fan_out, hidden)); ``adam_class(size, lr=...)`` makes each layer's optimizer.
     Returns, on rank 0, one row per worker and stage: the bytes held, the collectives of the last
     step and the final weights (whole, gathered where sharded); None on the other ranks."""
     import horovod.tensorflow as hvd
