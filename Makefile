@@ -14,7 +14,7 @@ help:
 	@echo "make test    run the test suite (unit tests, real Horovod workers, notebooks in smoke mode)"
 	@echo "make lab     open JupyterLab on your copies of the labs in lab/ (exercises to fill in; PORT=$(PORT))"
 	@echo "make tensorboard  open TensorBoard on build/profile (profiler traces from the labs)"
-	@echo "make assessment  build the assessment's release version (assignments/release/)"
+	@echo "make assessment  build the two assessments' release versions (assignments/release/)"
 
 setup:
 	@VENV=$(VENV) bash scripts/setup.sh
@@ -41,4 +41,5 @@ clean:
 
 # The assessment's release version (nbgrader generate_assignment): solutions and hidden tests removed.
 assessment: setup
-	cd assignments && PATH=$(abspath $(VENV))/bin:$$PATH $(abspath $(PY)) -m nbgrader generate_assignment assessment --force --create
+	cd assignments && for a in assessment zero1; do \
+	  PATH=$(abspath $(VENV))/bin:$$PATH $(abspath $(PY)) -m nbgrader generate_assignment $$a --force --create || exit 1; done
