@@ -28,11 +28,11 @@ def ring_allreduce_steps(steps, name: str = "04_ring_allreduce"):
                         arrowprops=dict(arrowstyle="->", color="tab:red", lw=0.8))
         ax.set_xticks(range(n), [str(c) for c in range(n)], fontsize=7)
         ax.set_yticks(range(n), [f"w{w}" for w in range(n)], fontsize=7)
-        title = "start" if st.phase == "start" else f"{st.phase}\nstep {st.step + 1}"
+        title = "start" if st.phase == "start" else f"{st.phase}\nstep s = {st.step}"
         ax.set_title(f"{title}\nsent/worker: {int(st.bytes_sent[0])} B", fontsize=7)
         ax.set_xlabel("chunk", fontsize=7)
-    fig.suptitle("Ring all-reduce: number of workers summed into each copy of each chunk "
-                 "(red: this step's sends)", fontsize=9)
+    fig.suptitle(f"Ring all-reduce: how many workers' inputs each copy of each chunk holds ({n}: all of them; "
+                 "red: this step's sends)", fontsize=9)
     fig.tight_layout()
     save_figure(fig, name)
     return fig
@@ -60,8 +60,10 @@ def scaling(images_per_s: dict, name: str = "04_scaling", real_cores: dict | Non
     left.grid(alpha=0.3)
     left.set_title("Speed-up", fontsize=10)
     width = 0.8 / len(series)
+    top = 1.0
     for k, ((text, rates), colour) in enumerate(zip(series.items(), colours)):
         eff = [rates[w] / (w * rates[workers[0]] / workers[0]) for w in workers]
+        top = max(top, *eff)
         xs = [i + (k - (len(series) - 1) / 2) * width for i in range(len(workers))]
         right.bar(xs, eff, width=width, color=colour, label=text)
         for x, e in zip(xs, eff):
@@ -70,8 +72,8 @@ def scaling(images_per_s: dict, name: str = "04_scaling", real_cores: dict | Non
     right.axhline(1.0, color="k", ls="--", lw=0.8)
     right.set_xlabel("workers")
     right.set_ylabel("scaling efficiency: speed-up / N")
-    right.set_ylim(0, 1.2)
-    right.legend(fontsize=7, loc="lower left")
+    right.set_ylim(0, 1.3 * top)  # room for every bar, its label and the legend
+    right.legend(fontsize=7, loc="upper left", ncol=2)
     right.set_title("Efficiency", fontsize=10)
     fig.tight_layout()
     save_figure(fig, name)
@@ -101,15 +103,19 @@ def weight_divergence(spreads: dict, name: str = "04_divergence"):
     """Largest weight difference between ranks at the end of training, per variant (log scale)."""
     fig, ax = plt.subplots(figsize=(6.5, 3.4))
     labels = list(spreads)
-    values = [max(spreads[k], 1e-12) for k in labels]
-    ax.bar(labels, values, color=["tab:green" if v < 1e-6 else "tab:red" for v in values])
-    for i, v in enumerate(values):
-        ax.text(i, v, "0 (identical)" if spreads[labels[i]] == 0 else f"{v:.2g}", ha="center",
+    # A spread of exactly 0 has no place on a log scale: no bar, a label at the bottom.
+    values = [spreads[k] if spreads[k] > 0 else np.nan for k in labels]
+    xs = np.arange(len(labels))
+    ax.bar(xs, values, color=["tab:green" if not v > 1e-6 else "tab:red" for v in values])
+    for x, v in zip(xs, values):
+        ax.text(x, v if v > 0 else 1e-12, f"{v:.2g}" if v > 0 else "0: identical\n(no bar)", ha="center",
                 va="bottom", fontsize=8)
+    ax.set_xticks(xs, labels)
+    ax.set_xlim(-0.6, len(labels) - 0.4)
     ax.set_yscale("log")
     ax.set_ylim(1e-13, 10)
     ax.set_ylabel("max |w_rank - w_rank0| after training")
-    ax.set_title("Do the 4 ranks hold the same model?", fontsize=10)
+    ax.set_title("Do the ranks hold the same model?", fontsize=10)
     ax.tick_params(axis="x", labelsize=8)
     fig.tight_layout()
     save_figure(fig, name)
