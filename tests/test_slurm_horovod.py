@@ -261,3 +261,25 @@ def test_a_job_past_its_time_is_cancelled_and_leaves_nothing_running(slurm_clust
     marked, steps = _left_behind(slurm_cluster, tmp_path)
     assert marked == [] and steps == [], f"left running: {marked}, slurmstepd {steps}"
     _report(capsys, f"a job past its time-out (4 s): cancelled, ended after {end.seconds:.1f} s")
+
+
+def test_a_busy_test_cluster_is_reported_as_busy_with_how_to_stop_it(monkeypatch):
+    class Cluster:  # stands in for scripts/slurm_cluster.py when another test cluster holds the nodes
+        class ClusterError(RuntimeError):
+            pass
+
+        @staticmethod
+        def missing():
+            return []
+
+        @classmethod
+        def up(cls, folder):
+            raise cls.ClusterError("another Slurm cluster runs from /tmp/mgpu-slurm-other: stop it first (down --dir)")
+
+    monkeypatch.delenv("SLURM_CONF", raising=False)
+    monkeypatch.setattr(slurm_horovod, "_sinfo_answers", lambda env: False)
+    monkeypatch.setattr(slurm_horovod, "cluster_script", lambda: Cluster)
+    with slurm_horovod.reach_slurm() as slurm:
+        assert slurm.env is None and slurm.note.startswith("Slurm is busy: another test cluster runs from "
+                                                           "/tmp/mgpu-slurm-other;")
+        assert "`python scripts/slurm_cluster.py down --dir /tmp/mgpu-slurm-other`" in slurm.note

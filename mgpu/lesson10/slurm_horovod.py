@@ -446,7 +446,7 @@ def reach_slurm(cluster_folder: str | os.PathLike | None = None, *, start: bool 
         yield SlurmAccess(env, f"Slurm: this machine's ({where}); the job waits in its queue like any other")
         return
     cluster = cluster_script()
-    why = None
+    why = busy = None
     if cluster is None:
         why = "the course's scripts/slurm_cluster.py is not in this checkout"
     elif cluster.missing():
@@ -461,6 +461,9 @@ def reach_slurm(cluster_folder: str | os.PathLike | None = None, *, start: bool 
             cluster_env = cluster.up(folder)
         except cluster.ClusterError as error:
             why = str(error).splitlines()[0].removeprefix(f"Slurm cluster in {folder} did not start: ")
+            other = re.search(r"another Slurm cluster runs from (\S+): ", why)
+            if other:  # a test cluster of another notebook or test holds the nodes' names: Slurm is busy, not absent
+                busy = other.group(1)
             why = f"the course's test cluster did not start: {why}"
         else:
             try:
@@ -474,6 +477,11 @@ def reach_slurm(cluster_folder: str | os.PathLike | None = None, *, start: bool 
                 elif own_folder:
                     shutil.rmtree(folder, ignore_errors=True)
             return
+    if busy is not None:
+        yield SlurmAccess(None, f"Slurm is busy: another test cluster runs from {busy}; stop it with "
+                          f"`python scripts/slurm_cluster.py down --dir {busy}` and run this cell again. "
+                          "The Slurm run is skipped.")
+        return
     yield SlurmAccess(None, f"No Slurm here ({why}): the Slurm run is skipped. To run it, {HOW_TO_GET_SLURM}.")
 
 
