@@ -243,7 +243,8 @@ def batch_script(command: Sequence[str], *, nodes: int, tasks_per_node: int, cpu
         *([f"#SBATCH --output={output}"] if output else []),
         "set -euo pipefail",
         *([f"cd {shlex.quote(str(workdir))}"] if workdir else []),
-        "# 1. Horovod's host plan from the allocation, e.g. n1:2,n2:2",
+        "# 1. Horovod's host plan from the allocation (node names and SLURM_TASKS_PER_NODE), e.g. "
+        + ",".join(f"n{i + 1}:{tasks_per_node}" for i in range(min(nodes, 3))) + (",..." if nodes > 3 else ""),
         f"hosts=$({py} -m mgpu.lesson10.slurm_horovod hosts)",
         "# 2. An address of this node (the first) that the other nodes reach: its NodeAddr",
         'first=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
