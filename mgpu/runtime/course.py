@@ -136,6 +136,9 @@ CLAIMS: dict[str, list[Claim]] = {
               lambda r: r["device_overruns"] <= 0.01 * r["device_steps"]),
         Claim("B_simple from the workers' gradients is positive and finite",
               lambda r: r["b_simple_from_workers"] is not None and r["b_simple_from_workers"] > 0),
+        Claim("the measurement is sound: on the real cores no speed-up exceeds min(N, cores) by more than 5%",
+              lambda r: all(v <= 1.05 * min(int(n), max(1, r["cores"] // r["cores_per_simulated_gpu"]))
+                            for n, v in r["speedup_by_workers_real_cores"].items())),
     ],
     "05_accuracy_at_scale": [
         Claim("on the simulated accelerator, the fastest 4-worker recipe reaches the target in at most half "
@@ -170,6 +173,16 @@ CLAIMS: dict[str, list[Claim]] = {
         Claim("the weighted [3, 1] split recovers at least 0.5 of the throughput without a straggler",
               lambda r: r["uneven_split_recovery"] >= 0.5),
     ],
+    "07_communication": [
+        Claim("the all-reduce is a latency plus a slope: the 2-worker fit of a + n / b has R^2 >= 0.8",
+              lambda r: r["cost_model_r2"] >= 0.8),
+        Claim("fusion speeds up the step of many small tensors (at least 1.2x)", lambda r: r["fusion_speedup"] >= 1.2,
+              full_only=False),
+        Claim("on the simulated accelerator, overlap hides part of the all-reduce (hidden fraction at least 0.1)",
+              lambda r: r["overlap_hidden_fraction"] >= 0.1),
+        Claim("every worker's math fits in its device's time (overruns in at most 10% of the waits)",
+              lambda r: r["overlap_device_overruns"] <= 0.10 * r["overlap_device_waits"]),
+    ],
     "09_model_parallelism": [
         Claim("on 2 stages, the largest number of micro-batches cuts the naive split's idle fraction by at least 0.1",
               lambda r: r["pipeline_idle_drop"] >= 0.1, full_only=False),
@@ -181,6 +194,19 @@ CLAIMS: dict[str, list[Claim]] = {
                             for m, v in r["pipeline_idle_by_micro_batches"].items() if m != "1"), full_only=False),
         Claim("on 2 stages, the largest M idles more than GPipe's bubble, not down to its curve (the hand-overs)",
               lambda r: r["pipeline_bubble_measured_vs_theory"] > 1),  # smoke's largest M is 4: can land below
+        Claim("on the simulated accelerator (4 stage processes, the largest M), GPipe idles near (N-1)/(M+N-1): "
+              "measured / theory in [0.9, 1.6]",
+              lambda r: 0.9 <= r["pipeline_bubble_measured_vs_theory_gpipe"] <= 1.6),
+        Claim("on the simulated accelerator, 1F1B idles 0.9x to 2.2x its bubble (looser than GPipe: each backward "
+              "waits for a gradient just handed over, so hand-overs add more)",
+              lambda r: 0.9 <= r["pipeline_bubble_measured_vs_theory_1f1b"] <= 2.2),
+        Claim("on the simulated accelerator, GPipe's step is shorter at the largest M than at the smallest",
+              lambda r: (lambda s: s[max(s, key=int)] < s[min(s, key=int)])(
+                  r["pipeline_sim_gpipe_step_ms_by_micro_batches"])),
+    ],
+    "10_several_machines": [
+        Claim("the elastic run that lost a worker mid-epoch ends within 0.02 of the undisturbed run's test accuracy",
+              lambda r: abs(r["elastic_accuracy_gap"]) <= 0.02),
     ],
     "11_serving": [
         Claim("model.predict costs at least 30x a tf.function call at batch 1",
