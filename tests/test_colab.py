@@ -20,7 +20,7 @@ def _first_code_cell(path):
 
 def _pins():
     return {path.name: colab.pinned_commit(_first_code_cell(path)[1].source)
-            for path in [*NOTEBOOKS, colab.ASSESSMENT]}
+            for path in [*NOTEBOOKS, *colab.ASSESSMENTS]}
 
 
 @pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.stem)
@@ -34,8 +34,9 @@ def test_each_notebook_opens_with_its_badge_and_the_colab_cell(notebook):
     assert f"| `{notebook.stem}` {colab.badge(notebook.name)} |" in readme
 
 
-def test_the_assessment_opens_with_the_colab_cell_for_practice_on_colab():
-    _, cell = _first_code_cell(colab.ASSESSMENT)
+@pytest.mark.parametrize("assessment", colab.ASSESSMENTS, ids=lambda p: p.stem)
+def test_each_assessment_opens_with_the_colab_cell_for_practice_on_colab(assessment):
+    _, cell = _first_code_cell(assessment)
     assert cell.source == colab.first_cell(colab.pinned_commit(cell.source) or "")
     assert cell.metadata["nbgrader"]["locked"] and cell.metadata["nbgrader"]["grade_id"] == "colab"
 

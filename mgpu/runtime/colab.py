@@ -43,6 +43,8 @@ COLAB_PROVIDES = {"tensorflow", "tf_keras", "numpy", "matplotlib", "pillow", "ju
                   "tensorboard-plugin-profile", "horovod"}
 #: The assessment has the first cell too (its release, uploaded to Colab, runs in practice mode).
 ASSESSMENT = paths.ROOT / "assignments" / "source" / "assessment" / "assessment.ipynb"
+#: Both assessments (A, the conversion; B, ZeRO-1): each has the first cell, pinned like the labs.
+ASSESSMENTS = (ASSESSMENT, paths.ROOT / "assignments" / "source" / "zero1" / "zero1.ipynb")
 #: The paths whose contents the pinned commit must share with the checkout (what the cell runs).
 LIBRARY = ("mgpu", "patches", "requirements-current.txt")
 
@@ -209,9 +211,9 @@ gets the cell only); returns them."""
     from mgpu.runtime import course
 
     written = []
-    for path in [*course.course_notebooks(), ASSESSMENT]:
+    for path in [*course.course_notebooks(), *ASSESSMENTS]:
         notebook = nbformat.read(path, as_version=4)
-        if path != ASSESSMENT:  # the assessment's student version is not on GitHub: no badge
+        if path not in ASSESSMENTS:  # the assessment's student version is not on GitHub: no badge
             title = notebook.cells[0]
             lines = [line for line in title.source.splitlines() if BADGE_IMAGE not in line]
             title.source = "\n".join([lines[0], "", badge(path.name), *lines[1:]]).replace("\n\n\n", "\n\n")
@@ -220,7 +222,7 @@ gets the cell only); returns them."""
             cell = nbformat.v4.new_code_cell()
             notebook.cells.insert(1, cell)
         cell.source = first_cell(commit)
-        if path == ASSESSMENT:  # every cell of the assessment is nbgrader's; this one is locked
+        if path in ASSESSMENTS:  # every cell of an assessment is nbgrader's; this one is locked
             cell.metadata.update({"deletable": False, "editable": False, "nbgrader": {
                 "grade": False, "grade_id": "colab", "locked": True, "schema_version": 3, "solution": False}})
         nbformat.write(notebook, path)
