@@ -241,6 +241,5 @@ def train_with_compressors(variants: dict[str, Callable[[list], list]], *, train
             }
             reports.append(report)
             if verbose and rank == 0:
-                print(f"seed {seed}, {name}: validation accuracy {report['val_accuracy']:.3f} "
-                      f"({report['seconds']:.0f} s)", flush=True)
+                print(f"seed {seed}, {name}: validation accuracy {report['val_accuracy']:.3f}", flush=True)
     return reports
