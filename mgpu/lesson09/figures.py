@@ -30,7 +30,8 @@ def pipeline_bubble(timelines: dict, sweep: list, name: str = "09_pipeline_bubbl
     from matplotlib.patches import Patch
 
     axes[0].legend(handles=[Patch(color=plt.cm.Blues(0.6), label="forward"),
-                            Patch(color=plt.cm.Oranges(0.6), label="backward (recomputes the forward)")],
+                            Patch(color=plt.cm.Oranges(0.6), label="backward (recomputes the forward)"),
+                            Patch(color="white", label="shade, light to dark: micro-batch 0, 1, 2, 3, then again")],
                    fontsize=7, loc="lower right")
     ax = axes[-1]
     for i, n in enumerate(sorted({r["stages"] for r in sweep})):
@@ -102,13 +103,15 @@ def pipeline_schedules(timelines: dict, rows: list, stages: int, name: str = "09
             colour = plt.cm.Blues(shade) if i.kind == "F" else plt.cm.Oranges(shade)
             ax.barh(i.stage, (i.end - i.start) * 1e3, left=i.start * 1e3, height=0.7, color=colour,
                     edgecolor="black", linewidth=0.3)
-            ax.text((i.start + i.end) / 2 * 1e3, i.stage, str(i.micro_batch), ha="center", va="center", fontsize=5)
+            ax.text((i.start + i.end) / 2 * 1e3, i.stage, str(i.micro_batch), ha="center", va="center", fontsize=6.5)
         ax.set_yticks(range(stages), [f"stage {s}" for s in range(stages)])
         ax.invert_yaxis()
         ax.set_xlabel("milliseconds since the step began")
         ax.set_title(title, fontsize=9)
     fig.legend(handles=[Patch(color=plt.cm.Blues(0.6), label="forward (micro-batch number)"),
-                        Patch(color=plt.cm.Oranges(0.6), label="backward")], fontsize=7, loc="lower left", ncol=2)
+                        Patch(color=plt.cm.Oranges(0.6), label="backward"),
+                        Patch(color="white", label="shade, light to dark: micro-batch 0, 1, 2, 3, then again")],
+               fontsize=7, loc="lower left", ncol=3)
     ax = axes[-1]
     ms = sorted({r["micro_batches"] for r in rows})
     grid = np.geomspace(min(ms), max(ms), 100)
