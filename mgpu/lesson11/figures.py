@@ -34,11 +34,12 @@ def prediction_call_times(table: dict, name: str = "11_prediction_calls"):
 
 
 def batching_delay_tradeoff(measured: dict, predicted: dict, throughput: dict, no_batching: dict,
-                            name: str = "11_batching_delay"):
+                            name: str = "11_batching_delay", sent: dict | None = None):
     """Mean latency (left, log scale) and throughput (right) against the batcher's delay, one colour per rate.
 
     ``measured``, ``predicted`` and ``throughput`` are ``{rate: {delay_ms: value}}`` (latencies in ms);
-    ``no_batching`` is ``{rate: mean latency in ms without batching}``, drawn as a dotted level.
+    ``no_batching`` is ``{rate: mean latency in ms without batching}``, drawn as a dotted level; ``sent``,
+    ``{rate: requests per second actually sent}``, is drawn as a dashed level on the right.
     """
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.8))
     for i, rate in enumerate(sorted(measured)):
@@ -49,7 +50,10 @@ def batching_delay_tradeoff(measured: dict, predicted: dict, throughput: dict, n
             left.plot(delays, [predicted[rate][d] for d in delays], "--", color=colour, label="queueing model")
         if rate in no_batching:
             left.axhline(no_batching[rate], color=colour, ls=":", lw=1)
-        right.plot(delays, [throughput[rate][d] for d in delays], "-o", color=colour, label=f"{rate:.0f} req/s offered")
+        right.plot(delays, [throughput[rate][d] for d in delays], "-o", color=colour,
+                   label=f"{rate:.0f} req/s offered" + (f", {sent[rate]:.0f} sent (dashed)" if sent and rate in sent else ""))
+        if sent and rate in sent:
+            right.axhline(sent[rate], color=colour, ls="--", lw=1)
     left.plot([], [], "k:", lw=1, label="no batching (same colour)")
     left.set_yscale("log")
     left.set_ylabel("mean latency (ms, log scale)")
