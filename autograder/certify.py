@@ -64,6 +64,11 @@ def _student_name(db_url: str, student: str) -> str:
     return name.strip() or student
 
 
+#: Why a pass measured otherwise than by accuracy in time (Assessment B, ZeRO-1) gets no certificate.
+NOT_CERTIFIED = ("this assignment's pass is not an accuracy reached in time, which is what a certificate "
+                 "states: its certificate is not issued yet")
+
+
 def issue_certificates(course_dir, assignment: str, profile, *, key_path=None, log=print) -> list[str]:
     """A signed certificate for every pass of ``profile`` that earns one and has none yet; returns the students.
 
@@ -95,6 +100,8 @@ def issue_certificates(course_dir, assignment: str, profile, *, key_path=None, l
                 continue
             why = certificates.why_no_certificate(profile, bool(record.get("dataset_real")),
                                                   bool(record.get("passed")), record.get("isolation", ""))
+            if record.get("accuracy") is None or record.get("reached_seconds") is None:
+                why = "; ".join(filter(None, [why, NOT_CERTIFIED]))
             if why is None:
                 if private_key is None:
                     private_key = certificates.load_private_key(key_path)

@@ -380,7 +380,7 @@ class CohortGrader:
         if altered:
             verdict.notes.append(f"the executed notebook came back altered ({altered}): its outputs were dropped")
         if run.status == "ok":
-            self.run_tests_cleanly(sub.executed, facts, sub.parameters, sub.tag)
+            self.run_tests_cleanly(sub.executed, facts, sub.parameters, sub.tag, sub.evidence_dir)
 
     def step_measure(self, sub: "Submission") -> None:
         """The assignment's outcome, judged by the grader (:mod:`autograder.outcomes`: for the assessment,
@@ -407,12 +407,15 @@ class CohortGrader:
         if verdict.horovod_workers_seen != self.profile.workers and run.status == "ok":
             verdict.passed = False
 
-    def run_tests_cleanly(self, executed, facts: dict[str, bytes], parameters: dict, tag: str) -> None:
+    def run_tests_cleanly(self, executed, facts: dict[str, bytes], parameters: dict, tag: str,
+                          evidence_dir: Path | None = None) -> None:
         """Replace the outputs of the test cells with those of a clean run of their locked source.
 
         The pass runs in the sandbox (unprivileged, no network, the course hidden), in ``python -I``
-        from an empty folder, with an allow-listed environment; it sees the data and only the facts
-        files the grader kept (``facts``), in a folder of the grader's.
+        from an empty folder, with an allow-listed environment; it sees the data and, as its output
+        folder, only the facts files the grader kept (``facts``) and the grader's copies of the
+        outcome's evidence files (``evidence_dir``, :func:`autograder.runners.copy_evidence`), in a
+        folder of the grader's.
         """
         tests_cells = [c for c in course_mod.grade_cells(executed)
                        if c.metadata["nbgrader"]["grade_id"] != course_mod.OUTCOME_CELL]
@@ -428,6 +431,8 @@ class CohortGrader:
             shutil.copytree(self.data_template, folder / "data", copy_function=_link_or_copy)
             for name, data in facts.items():
                 (folder / "output" / name).write_bytes(data)
+            for path in sorted(evidence_dir.iterdir()) if evidence_dir is not None else ():
+                shutil.copyfile(path, folder / "output" / path.name)  # the grader's own copies: regular files
             parameters = dict(parameters, data_dir=str(folder / "data"), output_dir=str(folder / "output"))
             results = checks.run_tests(folder, cells[course_mod.PARAMETERS_CELL].source, parameters,
                                        [cells[g].source for g in course_mod.CONTEXT_CELLS], tests,

@@ -11,9 +11,10 @@ It then does on the node what the local backend does on the grader's machine: a 
 own (:class:`autograder.isolation.RunFolder`, in the node's ``/tmp``), the data and the notebook in it,
 :func:`autograder.sandbox.run_notebook` with the same limits and the same watchdog, and the facts
 files read the same way. It hands everything back in ``result/``: the epoch files the watchdog
-copied, and last ``result.json`` (the :class:`~autograder.sandbox.RunResult`, the facts files and
-the node's name), written whole or not at all. Measurement, the test cells' clean pass and
-nbgrader stay on the grader's machine.
+copied, the outcome's evidence files when the task names them (``result/evidence/``,
+:func:`autograder.runners.copy_evidence`), and last ``result.json`` (the
+:class:`~autograder.sandbox.RunResult`, the facts files and the node's name), written whole or not
+at all. Measurement, the test cells' clean pass and nbgrader stay on the grader's machine.
 
 A SIGTERM (``scancel``, or Slurm's time limit) stops the run at once and leaves nothing on the
 node: the sandbox kills the run's processes and removes its cgroups before this program exits.
@@ -74,6 +75,8 @@ def run_task(task_dir: Path) -> dict:
                                        isolate=task["isolate"])
             facts = safe_read.read_outputs(folder.output, runners.FACTS_PATTERN, runners.MAX_FACTS_BYTES,
                                            run.worker_uid)
+            if task.get("evidence") is not None:  # the files the outcome reads, as the local backend copies them
+                runners.copy_evidence(folder.output, tuple(task["evidence"]), results / "evidence", run.worker_uid)
         finally:
             folder.remove()
     finally:

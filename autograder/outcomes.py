@@ -24,8 +24,11 @@ record (:class:`autograder.grade.Verdict`) is kept in the record's ``measured``.
 
 :class:`AccuracyInTime` is the assessment's: held-out accuracy of every saved epoch
 (:class:`autograder.measure.Measurer`), at or above the target for two consecutive epochs, the
-second seen within the time budget (:func:`autograder.measure.decide`). A second assignment adds
-its own class (anywhere importable) and one line to :data:`OUTCOMES`; nothing else changes.
+second seen within the time budget (:func:`autograder.measure.decide`).
+:class:`mgpu.assessment_zero1.ShardedOptimizer` is Assessment B's (``zero1``): the weights against the
+grader's reference run, the optimizer state each worker held and the bytes sent per step, decided from
+the evidence files the protected loop wrote. Another assignment adds its own class (anywhere
+importable) and one line to :data:`OUTCOMES`; nothing else changes.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ import numpy as np
 from autograder import course as course_mod
 from autograder import measure
 from mgpu import assessment
+from mgpu.assessment_zero1 import ShardedOptimizer
 
 
 @dataclass(frozen=True, eq=False)
@@ -93,7 +97,7 @@ class AccuracyInTime:
 
 
 #: Each assignment's outcome class, by the assignment's name (its folder in ``source/``).
-OUTCOMES = {"assessment": AccuracyInTime}
+OUTCOMES = {"assessment": AccuracyInTime, "zero1": ShardedOptimizer}
 
 
 def outcome_for(assignment: str):

@@ -203,9 +203,6 @@ class SlurmRunner:
 
     def prepare(self, spec: runners.RunSpec) -> None:
         """Stage one submission: its notebook, its images' indices, its task."""
-        if spec.evidence is not None:
-            raise SlurmError("this assignment's outcome reads files of the run's output besides the epoch files, "
-                             "which the Slurm backend does not bring back yet: grade it with --backend local")
         task = _Task(len(self.tasks), self.folder / "tasks" / str(len(self.tasks)))
         task.folder.mkdir()
         nbformat.write(spec.notebook, task.folder / spec.cohort.notebook_name)
@@ -214,7 +211,7 @@ class SlurmRunner:
         (task.folder / "task.json").write_text(json.dumps({
             "notebook": spec.cohort.notebook_name, "parameters": parameters, "timeout_s": self.timeout_s,
             "memory_limit_mb": self.memory_mb, "isolate": self.isolate, "hide": self.hide,
-            "student": spec.student}))
+            "student": spec.student, "evidence": list(spec.evidence) if spec.evidence is not None else None}))
         self.tasks[spec.student] = task
 
     # -------------------------------------------------------------------------- the array
@@ -301,7 +298,9 @@ class SlurmRunner:
             if self.cancelled.is_set():
                 raise SlurmError("grading was stopped: the Slurm jobs were cancelled")
         keep = self.work_root / f"{spec.tag}-kept"  # the grader's copies of the epoch files
-        cleanup = (lambda: shutil.rmtree(keep, ignore_errors=True),)
+        evidence = self.work_root / f"{spec.tag}-evidence"  # and of the files the outcome reads
+        cleanup = (lambda: shutil.rmtree(keep, ignore_errors=True), lambda: shutil.rmtree(evidence, ignore_errors=True))
+        evidence_dir = None
         try:
             deadline = task.ended_at + RESULT_GRACE_S
             found = node_run.read_result(task.folder, keep)
@@ -309,6 +308,8 @@ class SlurmRunner:
                 time.sleep(1.0)  # a network file system shows the result a little later
                 found = node_run.read_result(task.folder, keep)
             run, facts_files = self.outcome(task, found)
+            if spec.evidence is not None:  # what the node copied out of the run, read as hostile data again
+                evidence_dir = runners.copy_evidence(task.folder / "result" / "evidence", spec.evidence, evidence, None)
         except BaseException:
             for remove in cleanup:
                 remove()
@@ -320,7 +321,7 @@ class SlurmRunner:
                 "and the run could have written its own result", run.isolation) if n)
         # the grader's own parameters (the clean test pass puts its folders in), never the record's
         return runners.RunOutput(run, facts_files, spec.parameters, cleanup, run_host=task.node,
-                                 slurm_job=f"{self.job_id}_{task.index}",
+                                 slurm_job=f"{self.job_id}_{task.index}", evidence_dir=evidence_dir,
                                  queue_seconds=round((task.started_at or task.ended_at) - self.submitted_at, 1))
 
     def outcome(self, task: _Task, found) -> tuple[sandbox.RunResult, dict]:

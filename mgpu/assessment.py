@@ -298,7 +298,7 @@ def list_saved_epochs(folder: str | os.PathLike) -> list[str]:
 # Callbacks (built lazily so that importing this module does not start TensorFlow)
 
 
-def _horovod():
+def horovod_state():
     """(rank, size, module) from Horovod if it was initialised in this process, else (0, 1, None)."""
     try:
         import horovod.tensorflow as hvd
@@ -351,7 +351,7 @@ def averages_gradients(optimizer) -> bool | None:
     (:func:`replaced_methods`) is not the copy that was checked, and does not pass. Call it on every
     worker at once (it all-reduces); None when no Horovod job of 2 or more workers runs.
     """
-    rank, size, hvd = _horovod()
+    rank, size, hvd = horovod_state()
     if hvd is None or size < 2:
         return None
     import tensorflow as tf
@@ -386,7 +386,7 @@ def _callback_classes():
             self.output_dir = Path(output_dir)
 
         def on_epoch_end(self, epoch, logs=None):
-            rank, _, _ = _horovod()
+            rank, _, _ = horovod_state()
             if rank == 0:
                 save_weights_atomically(self.model.get_weights(), self.output_dir / f"epoch_{epoch:03d}.npz")
 
@@ -406,7 +406,7 @@ def _callback_classes():
             os.replace(tmp, target)
 
         def on_train_begin(self, logs=None):
-            rank, size, _ = _horovod()
+            rank, size, _ = horovod_state()
             self.facts = {"pid": os.getpid(), "rank": rank, "horovod_size": size,
                           "distributed_optimizer": bool(averages_gradients(self.model.optimizer)),
                           "optimizer_class": f"{type(self.model.optimizer).__module__}."
@@ -416,7 +416,7 @@ def _callback_classes():
             self._write()
 
         def on_epoch_end(self, epoch, logs=None):
-            _, size, hvd = _horovod()
+            _, size, hvd = horovod_state()
             if hvd is not None and size > 1:
                 # A fingerprint of this rank's weights, compared across ranks by all-gather.
                 flat = np.concatenate([w.ravel() for w in self.model.get_weights()]).astype(np.float64)

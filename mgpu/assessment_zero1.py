@@ -85,6 +85,8 @@ from pathlib import Path
 
 import numpy as np
 
+from mgpu.assessment import horovod_state
+
 # --------------------------------------------------------------------------------------------
 # The fixed task
 
@@ -271,20 +273,6 @@ def load_weights(path: Path, shapes: list[tuple[int, ...]]) -> list[np.ndarray]:
 # Measurements inside a worker (the protected loop)
 
 
-def _horovod():
-    """(rank, size, module) from Horovod if it was initialised in this process, else (0, 1, None)."""
-    try:
-        import horovod.tensorflow as hvd
-    except ImportError:
-        return 0, 1, None
-    try:
-        if hvd.is_initialized():
-            return hvd.rank(), hvd.size(), hvd
-    except ValueError:
-        pass
-    return 0, 1, None
-
-
 def state_census(exclude=()) -> dict:
     """Bytes of every tensor, array and variable alive in this process, but those in ``exclude``.
 
@@ -426,7 +414,7 @@ class Settings:
         """
         import tensorflow as tf
 
-        rank, size, hvd = _horovod()
+        rank, size, hvd = horovod_state()
         out = Path(self.output_dir)
         out.mkdir(parents=True, exist_ok=True)
         record = {"rank": rank, "size": size, "pid": os.getpid(), "parameters": parameter_count(),
@@ -727,13 +715,14 @@ class ShardedOptimizer:
 
     ``parameters`` gives the notebook a data seed drawn once per cohort (:func:`secrets.randbits`:
     no run can know it in advance; it is in every record) and the run's shape; ``open`` computes the
-    reference trajectory once; ``judge`` runs :func:`decide` on the evidence files the grader copied
-    out of the run's output folder, which the pipeline must hand over as ``run.evidence_dir`` (a
-    folder of the grader's holding only names matching :data:`EVIDENCE_FILE`, each a regular file
-    owned by the workers' user). Thread-safe after ``open``.
+    reference trajectory once; ``judge`` runs :func:`decide` on ``evidence_dir``, the grader's copies
+    of the run's files that :attr:`evidence` names (regular files the workers' user wrote, names
+    matching :data:`EVIDENCE_FILE`, at most :data:`MAX_FILE_BYTES` each). Thread-safe after ``open``.
     """
 
     steps, batch_size, probe_steps = 30, 16, (14, 29)
+    #: the files of the run's output folder the grader copies for :meth:`judge` (name regex, most bytes each)
+    evidence = (EVIDENCE_FILE.pattern, MAX_FILE_BYTES)
 
     def __init__(self, data_seed: int | None = None):
         self.data_seed = secrets.randbits(31) if data_seed is None else int(data_seed)
@@ -754,10 +743,10 @@ class ShardedOptimizer:
         return decide(folder, workers=self.workers, data_seed=self.data_seed, steps=self.steps,
                       batch_size=self.batch_size, probe_steps=self.probe_steps, reference=self.reference)
 
-    def judge(self, run):
+    def judge(self, run, evidence_dir=None):
         from autograder.outcomes import Judgement  # the grader's type; mgpu does not need it otherwise
 
-        folder = getattr(run, "evidence_dir", None)
+        folder = evidence_dir
         if folder is None:
             decision = Decision(False, ["no evidence: the grader copied no file of the run's output folder"],
                                 {}, ["no evidence: the grader copied no file of the run's output folder"])

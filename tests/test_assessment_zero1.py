@@ -146,9 +146,9 @@ def test_reference_passes_and_every_other_layout_fails(tmp_path):
     assert outcome.parameters(None) == {k: (list(v) if k == "probe_steps" else v) for k, v in kwargs.items()
                                         if k != "workers"}
     for name, expected in EXPECTED.items():
-        judged = outcome.judge(SimpleNamespace(evidence_dir=tmp_path / name))
+        judged = outcome.judge(SimpleNamespace(), tmp_path / name)
         assert judged.passed == (expected is None), f"{name}: {judged}"
-    assert not outcome.judge(SimpleNamespace()).passed
+    assert not outcome.judge(SimpleNamespace(), None).passed
     out = ROOT / "build" / "results"
     out.mkdir(parents=True, exist_ok=True)
     (out / "zero1_redteam.json").write_text(json.dumps(verdicts, indent=1, default=str))
