@@ -9,8 +9,8 @@ to train with it and to count its bytes:
 - :func:`twobit_allreduce`: packs the codes four to a byte, ``hvd.allgather``\\ s the packed codes and
   the scales, and decodes and averages every worker's values on every worker;
 - :func:`reference_codes`, :func:`pack_codes`, :func:`unpack_codes`: the same in numpy, to check it;
-- :func:`wire_log`: records every tensor handed to Horovod's all-reduce and all-gather (dtype, shape,
-  bytes): what each worker really puts on the wire;
+- :func:`wire_log` (from :mod:`mgpu.runtime.collectives`): records every tensor handed to Horovod's
+  all-reduce, reduce-scatter and all-gather (dtype, shape, bytes): what each worker really puts on the wire;
 - :class:`ErrorFeedback`: one gradient tensor's reducer holding its residual;
 - :func:`train_with_compressors`: a hand-written Horovod training loop that trains one model per
   variant from the same initial weights and returns rank 0's report. Run it with :func:`mgpu.runtime.launch.run`.
@@ -20,12 +20,13 @@ Error feedback: Seide et al. 2014 (1-bit SGD); MXNet's ``--gc-type 2bit`` quanti
 
 from __future__ import annotations
 
-import contextlib
 import math
 import time
 from typing import Any, Callable
 
 import numpy as np
+
+from mgpu.runtime.collectives import last_trace, wire_log
 
 __all__ = ["twobit_quantise", "twobit_allreduce", "reference_codes", "pack_codes", "unpack_codes",
            "wire_bytes", "wire_log", "last_trace", "ErrorFeedback", "train_with_compressors"]
@@ -83,55 +84,6 @@ def wire_bytes(sizes, scheme: str) -> int:
 
 # --------------------------------------------------------------------------------------------
 # What goes on the wire
-
-
-@contextlib.contextmanager
-def wire_log(keep_values: bool = False):
-    """Record every tensor handed to Horovod's all-reduce and all-gather while the block runs.
-
-    Yields a list of dicts (``op``, ``dtype``, ``shape``, ``bytes``, and ``value`` when ``keep_values``
-    and running eagerly). It patches ``horovod.tensorflow``'s ``allgather`` and the ``_allreduce``
-    that ``hvd.allreduce`` calls after compressing, so it sees the tensor that really travels; code
-    must call them as ``hvd.allgather`` / ``hvd.allreduce``. Inside ``tf.function`` it records when
-    the step is traced (the static shapes): trace the step inside the block. ``trace`` tells the
-    traces apart (a step that creates variables is traced twice): :func:`last_trace` keeps the last.
-    """
-    import horovod.tensorflow as hvd
-    import tensorflow as tf
-
-    log, graphs = [], []  # the graphs traced, kept alive so that each keeps its number
-
-    def trace_number(graph):
-        if not any(g is graph for g in graphs):
-            graphs.append(graph)
-        return next(i for i, g in enumerate(graphs) if g is graph)
-
-    originals = {"allgather": hvd.allgather, "_allreduce": hvd._allreduce}
-
-    def recording(op):
-        def call(tensor, *args, **kwargs):
-            tensor = tf.convert_to_tensor(tensor)
-            entry = {"op": op.lstrip("_"), "dtype": tensor.dtype.name, "shape": tuple(tensor.shape),
-                     "bytes": int(np.prod(tensor.shape)) * tensor.dtype.size,
-                     "trace": None if tf.executing_eagerly() else trace_number(tf.compat.v1.get_default_graph())}
-            if keep_values and tf.executing_eagerly():
-                entry["value"] = tensor.numpy()
-            log.append(entry)
-            return originals[op](tensor, *args, **kwargs)
-        return call
-
-    for op in originals:
-        setattr(hvd, op, recording(op))
-    try:
-        yield log
-    finally:
-        for op, fn in originals.items():
-            setattr(hvd, op, fn)
-
-
-def last_trace(log: list[dict]) -> list[dict]:
-    """The entries of :func:`wire_log` recorded by the last trace of a ``tf.function`` (all, if eager)."""
-    return [e for e in log if e["trace"] == log[-1]["trace"]] if log else []
 
 
 # --------------------------------------------------------------------------------------------

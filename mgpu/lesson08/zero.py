@@ -2,17 +2,18 @@
 
 The notebook writes the stages themselves (their cells are saved into :mod:`mgpu.lesson08.saved`);
 this module gives each stage its weights and optimizer, feeds every worker its batches, records what
-each step hands Horovod (:func:`collective_log`), measures the bytes each worker holds, and gathers
-every worker's final weights for the parity check. The formulas of the bytes are here too.
+each step hands Horovod (:func:`mgpu.runtime.collectives.wire_log`), measures the bytes each worker
+holds, and gathers every worker's final weights for the parity check. The formulas of the bytes are here too.
 """
 
 from __future__ import annotations
 
-import contextlib
 import math
 from typing import Callable
 
 import numpy as np
+
+from mgpu.runtime.collectives import wire_log
 
 #: Which of a stage's tensors are sharded: (parameters, gradients, optimizer state).
 SHARDED = {"dp": (False, False, False), "zero1": (False, False, True),
@@ -52,33 +53,6 @@ def network_bytes(entries, workers: int) -> float:
     factor = {"allreduce": 2 * (workers - 1) / workers, "reducescatter": (workers - 1) / workers,
               "allgather": workers - 1}
     return sum(factor[e["op"]] * e["bytes"] for e in entries)
-
-
-@contextlib.contextmanager
-def collective_log():
-    """Record every tensor handed to ``hvd.allreduce``, ``hvd.reducescatter`` or ``hvd.allgather``
-    while the block runs (eagerly): a list of dicts with ``op``, ``shape`` and ``bytes``. Code must
-    call them as ``hvd.<name>`` so that the patched functions are the ones it finds."""
-    import horovod.tensorflow as hvd
-    import tensorflow as tf
-
-    log, originals = [], {op: getattr(hvd, op) for op in ("allreduce", "reducescatter", "allgather")}
-
-    def recording(op):
-        def call(tensor, *args, **kwargs):
-            tensor = tf.convert_to_tensor(tensor)
-            log.append({"op": op, "shape": tuple(tensor.shape),
-                        "bytes": int(np.prod(tensor.shape)) * tensor.dtype.size})
-            return originals[op](tensor, *args, **kwargs)
-        return call
-
-    for op in originals:
-        setattr(hvd, op, recording(op))
-    try:
-        yield log
-    finally:
-        for op, fn in originals.items():
-            setattr(hvd, op, fn)
 
 
 def _nbytes(tensors) -> int:
@@ -127,7 +101,7 @@ def compare_stages(stages: dict[str, Callable], adam_class, widths, batch: int, 
             adams.append(adam_class(shard_size if shard_state else theta.size, lr=lr))
         for i, (x, y) in enumerate(batches(seed, rank, steps, batch, widths)):
             if i == steps - 1:
-                with collective_log() as log:
+                with wire_log() as log:
                     held_gradients = step(params, adams, tf.constant(x), tf.constant(y), specs)
             else:
                 step(params, adams, tf.constant(x), tf.constant(y), specs)

@@ -4,6 +4,7 @@
 - ``accelerator``   the simulated accelerator: a modelled device per worker where GPUs are fewer than workers
 - ``callbacks``     Keras callbacks shared by the labs and the assessment (throughput, time, targets)
 - ``colab``         the Colab badges, every notebook's first cell, and the course's setup inside Colab
+- ``collectives``   what a worker hands to Horovod's collectives, recorded (the bytes 07 and 08 count)
 - ``course``        executing the notebooks headless with papermill
 - ``data``          dataset registry, cache, ``auto`` choice and fingerprints
 - ``download``      fetching official dataset files with SHA-256 checks, atomically and resumably
