@@ -217,10 +217,9 @@ WRONG = {
 def test_exercise_tests_pass_the_solution_and_reject_the_stub_and_wrong_answers(exercise):
     number, solution_id, tests_id = exercise
     _run(number, solution_id, tests_id)
-    notebook, _ = _cells(number)
-    released = {c.metadata["nbgrader"]["grade_id"]: c for c in labs.release(notebook).cells if "nbgrader" in c.metadata}
+    _, released = labs.cell_sources(number)
     with pytest.raises(NotImplementedError):
-        _run(number, solution_id, tests_id, released[solution_id].source)
+        _run(number, solution_id, tests_id, released[solution_id])
     for wrong in WRONG[exercise]:
         with pytest.raises((AssertionError, ValueError, TypeError, IndexError)):
             _run(number, solution_id, tests_id, wrong)
@@ -230,8 +229,7 @@ def test_10_cluster_command_exercise_accepts_the_solution_and_rejects_the_stub_a
     from mgpu.lesson10 import multinode
 
     _, cells = _cells("10")
-    notebook, _ = _cells("10")
-    released = {c.metadata["nbgrader"]["grade_id"]: c for c in labs.release(notebook).cells if "nbgrader" in c.metadata}
+    _, released = labs.cell_sources("10")
     hostfile = multinode.write_hostfile(tmp_path / "hosts", {"gpu1": 4, "gpu2": 4, "gpu3": 4})
 
     def run(solution):
@@ -241,7 +239,7 @@ def test_10_cluster_command_exercise_accepts_the_solution_and_rejects_the_stub_a
 
     run(cells["cluster_command_solution"].source)
     with pytest.raises(NotImplementedError):
-        run(released["cluster_command_solution"].source)
+        run(released["cluster_command_solution"])
     right = '["horovodrun", "-np", "12", "--hostfile", str(cluster_hostfile), "--gloo", "--network-interface", "ib0"'
     wrong = [
         # The untouched starting point.

@@ -276,24 +276,18 @@ def test_one_batch_accumulated_micro_batches_and_an_allreduce_give_the_same_grad
 # Notebook 09's exercise: Megatron's tensor-parallel MLP block on two real Horovod workers
 
 
-def _tp_cells():
-    import nbformat
+def _notebook_cells():
+    """Notebook 09's nbgrader cells by grade id: as written, and in the learner's copy."""
+    from mgpu.runtime import labs
 
-    from mgpu.runtime import course, labs
-
-    path = next(p for p in course.course_notebooks() if p.name.startswith("09_"))
-    notebook = nbformat.read(path, as_version=4)
-    by_id = {c.metadata["nbgrader"]["grade_id"]: c.source for c in notebook.cells if "nbgrader" in c.metadata}
-    released = {c.metadata["nbgrader"]["grade_id"]: c.source for c in labs.release(notebook).cells
-                if "nbgrader" in c.metadata}
-    return by_id, released
+    return labs.cell_sources("09")
 
 
 def _run_tp_exercise(solution_source):
     """What the notebook does: the solution cell, then its test cell (which launches 2 workers)."""
     import tensorflow as tf
 
-    by_id, _ = _tp_cells()
+    by_id, _ = _notebook_cells()
     namespace = {"tf": tf, "launch": launch, "model_parallel": mp, "seed": 7,
                  "tp_setting": dict(features=16, hidden=32, batch=8)}
     exec(compile(solution_source, "tensor_parallel_mlp_solution", "exec"), namespace)
@@ -315,7 +309,7 @@ def test_the_tensor_parallel_blocks_are_columns_of_w1_and_rows_of_w2_that_rebuil
 
 @pytest.mark.slow
 def test_the_09_exercise_test_passes_the_solution_on_two_workers():
-    by_id, _ = _tp_cells()
+    by_id, _ = _notebook_cells()
     rows = _run_tp_exercise(by_id["tensor_parallel_mlp_solution"])
     assert [r["rank"] for r in rows] == [0, 1]
     assert all((r["all-reduces forward"], r["all-reduces backward"]) == (1, 1) for r in rows)
@@ -362,7 +356,7 @@ def tensor_parallel_mlp(x, w1_block, w2_block):
     (AVERAGE, "y is not the unsplit block's"),            # the mean of the partial outputs, not their sum
 ], ids=["stub", "plain-allreduce", "no-f", "average"])
 def test_the_09_exercise_test_rejects_the_stub_and_wrong_blocks(answer, complaint):
-    _, released = _tp_cells()
+    _, released = _notebook_cells()
     with pytest.raises(AssertionError, match=complaint):
         _run_tp_exercise(released["tensor_parallel_mlp_solution"] if answer is None else answer)
 
@@ -410,21 +404,8 @@ def test_schedule_problems_names_what_is_wrong():
         mp.simulate_order(crossed)
 
 
-def _schedule_cells():
-    import nbformat
-
-    from mgpu.runtime import course, labs
-
-    path = next(p for p in course.course_notebooks() if p.name.startswith("09_"))
-    notebook = nbformat.read(path, as_version=4)
-    by_id = {c.metadata["nbgrader"]["grade_id"]: c.source for c in notebook.cells if "nbgrader" in c.metadata}
-    released = {c.metadata["nbgrader"]["grade_id"]: c.source for c in labs.release(notebook).cells
-                if "nbgrader" in c.metadata}
-    return by_id, released
-
-
 def _run_schedule_exercise(solution_source):
-    by_id, _ = _schedule_cells()
+    by_id, _ = _notebook_cells()
     namespace = {"model_parallel": mp, "np": np}
     exec(compile(solution_source, "one_f_one_b_order_solution", "exec"), namespace)
     exec(compile(by_id["one_f_one_b_order_tests"], "one_f_one_b_order_tests", "exec"), namespace)
@@ -432,7 +413,7 @@ def _run_schedule_exercise(solution_source):
 
 
 def test_the_09_schedule_exercise_passes_the_solution_which_is_1f1b():
-    by_id, _ = _schedule_cells()
+    by_id, _ = _notebook_cells()
     order = _run_schedule_exercise(by_id["one_f_one_b_order_solution"])
     for n, m in [(3, 7), (4, 2)]:
         assert order(n, m) == _one_f_one_b(n, m)
@@ -473,7 +454,7 @@ def one_f_one_b_order(stages, micro_batches):
     (SCHEDULE_BACKWARD_FIRST, "before its forward|deadlock|idles"),  # a backward before its forward
 ], ids=["stub", "gpipe", "one-at-a-time", "long-warm-up", "backward-first"])
 def test_the_09_schedule_exercise_rejects_the_stub_and_wrong_orders(answer, complaint):
-    _, released = _schedule_cells()
+    _, released = _notebook_cells()
     if answer is None:
         with pytest.raises(NotImplementedError):
             _run_schedule_exercise(released["one_f_one_b_order_solution"])

@@ -49,6 +49,16 @@ def release(notebook: nbformat.NotebookNode) -> nbformat.NotebookNode:
     return released
 
 
+def cell_sources(number: str) -> tuple[dict[str, str], dict[str, str]]:
+    """The nbgrader cells of notebook ``number`` ("09") by grade id: their sources in ``notebooks/``
+    (solutions in) and in the learner's copy (:func:`release`). For the tests, which run an
+    exercise's solution, stub or wrong answer and then its test cell as the notebook does."""
+    path = next(p for p in course.course_notebooks() if p.name.startswith(f"{number}_"))
+    notebook = nbformat.read(path, as_version=4)
+    by_id = lambda cells: {c.metadata["nbgrader"]["grade_id"]: c.source for c in cells if "nbgrader" in c.metadata}
+    return by_id(notebook.cells), by_id(release(notebook).cells)
+
+
 def exercises(notebook: nbformat.NotebookNode) -> list[str]:
     """The grade ids of a notebook's exercise cells (those the learner writes)."""
     return [c.metadata["nbgrader"]["grade_id"] for c in notebook.cells
