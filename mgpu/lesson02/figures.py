@@ -174,10 +174,11 @@ def scaling_rules_and_warmup(study: dict, base_batch: int, warmup_batch: int,
     ax.bar(["none", "constant", "gradual"], values, color=["tab:red", "tab:orange", "tab:green"])
     for i, v in enumerate(values):
         ax.text(i, v + 0.01, f"{v:.3f}", ha="center", fontsize=8)
-    ax.axhline(base, color="black", lw=0.8, ls=":")
+    ax.axhline(base, color="black", lw=0.8, ls=":", label=f"batch {base_batch} (the base)")
     ax.set_ylim(0, 1)
     ax.set_ylabel("test accuracy")
     ax.set_title(f"Warm-up at batch {warmup_batch} (linear scaling)", fontsize=10)
+    ax.legend(fontsize=7, loc="upper left")
     fig.tight_layout()
     save_figure(fig, name)
     return fig
@@ -215,7 +216,7 @@ def sharp_vs_flat(alphas, train_loss, test_accuracy, sharpness: dict, accuracies
     ax.bar([k.replace(", ", "\n") for k in labels], values, color=["tab:blue", "tab:orange", "tab:red"][: len(labels)])
     for i, v in enumerate(values):
         ax.text(i, v, f"{v:.3f}", ha="center", va="bottom", fontsize=8)
-    ax.set_ylim(min(values) - 0.05, max(values) + 0.03)
+    ax.set_ylim(0, 1)
     ax.set_ylabel("test accuracy")
     ax.set_title("Generalization", fontsize=10)
     ax.tick_params(axis="x", labelsize=8)
