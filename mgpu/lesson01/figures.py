@@ -82,19 +82,28 @@ def trajectories_on_surface(x, y, optimum, runs, name: str = "01_trajectories"):
         ax.set_ylim(bb.min(), bb.max())
         ax.set_xlabel("weight w")
         ax.set_ylabel("bias b")
-    order = sorted(zip(runs, _RUN_COLOURS), key=lambda pair: pair[0].batch_size)  # GD drawn last, on top
+    # A large batch's path and cloud lie almost on GD's: GD's path goes under the others, wide, and on the
+    # zoom GD is a hollow circle with the largest minibatch's small cloud drawn over it.
+    order = sorted(zip(runs, _RUN_COLOURS), key=lambda pair: pair[0].batch_size)
+    largest_sgd = max((run.batch_size for run in runs if run.batch_size < n), default=None)
     for run, colour in order:
         label = _run_label(run.batch_size, n)
         gd = run.batch_size >= n
-        axes[0].plot(run.params[:, 0], run.params[:, 1], color=colour, linewidth=2.0 if gd else 0.9,
-                     alpha=1.0 if gd else 0.8, label=label)
-        axes[1].scatter(run.params[late:, 0], run.params[late:, 1], s=12 if gd else 3, color=colour,
-                        alpha=1.0 if gd else 0.5, zorder=3 if gd else 2)
-        axes[1].plot([], [], marker="o", color=colour, linestyle="none", markersize=5, label=label)
+        axes[0].plot(run.params[:, 0], run.params[:, 1], color=colour, linewidth=3.0 if gd else 0.9,
+                     alpha=1.0 if gd else 0.8, zorder=2 if gd else 3, label=label)
+        if gd:
+            axes[1].scatter(run.params[late:, 0], run.params[late:, 1], s=60, facecolors="none",
+                            edgecolors=colour, linewidths=1.2, zorder=2.5)
+        else:
+            top = run.batch_size == largest_sgd
+            axes[1].scatter(run.params[late:, 0], run.params[late:, 1], s=3, color=colour,
+                            alpha=0.9 if top else 0.5, zorder=3 if top else 2)
+        axes[1].plot([], [], marker="o", color=colour, markerfacecolor="none" if gd else colour,
+                     linestyle="none", markersize=5, label=label)
     axes[0].plot(*optimum, marker="*", color="gold", markeredgecolor="black", markersize=14,
                  linestyle="none", label="minimum")
-    axes[1].plot(*optimum, marker="+", color="black", markersize=16, mew=1.5, linestyle="none",
-                 zorder=4, label="minimum")
+    axes[1].plot(*optimum, marker="+", color="black", markersize=16, mew=0.8, linestyle="none",
+                 zorder=2.6, label="minimum")
     axes[0].plot(*start, marker="o", color="black", linestyle="none", label="start")
     updates = len(runs[0].losses) - 1
     axes[0].set_title(f"Paths: {updates} updates each, step size {runs[0].lr:g}", fontsize=10)
@@ -110,12 +119,16 @@ def loss_per_update(runs, optimum_loss: float, name: str = "01_loss_per_update")
     """Excess loss L - L* of each run against updates and against examples used (log scales)."""
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.2))
     n = max(run.batch_size for run in runs)
+    # Below float64's rounding of L the excess loss is 0 or noise: drawn on that level, not left off the log axis.
+    rounding = np.finfo(float).eps * abs(optimum_loss)
     for run, colour in zip(runs, _RUN_COLOURS):
-        excess = run.losses - optimum_loss
+        excess = np.maximum(run.losses - optimum_loss, rounding)
         label = _run_label(run.batch_size, n)
         axes[0].plot(np.arange(len(excess)), excess, color=colour, linewidth=1, label=label)
         axes[1].plot(np.maximum(run.examples, 1), excess, color=colour, linewidth=1, label=label)
     for ax in axes:
+        ax.axhline(rounding, color="tab:gray", linestyle=":", linewidth=1,
+                   label="rounding of L: lower values drawn on it" if ax is axes[0] else None)
         ax.set_yscale("log")
         ax.set_ylabel("excess loss L(w, b) - L*")
         ax.grid(alpha=0.3)
@@ -124,7 +137,7 @@ def loss_per_update(runs, optimum_loss: float, name: str = "01_loss_per_update")
     axes[1].set_xscale("log")
     axes[1].set_xlabel("examples whose gradient was computed (log scale)")
     axes[1].set_title("Excess loss per example processed", fontsize=10)
-    axes[0].legend(fontsize=8)
+    axes[0].legend(fontsize=8, loc="center right")
     fig.tight_layout()
     save_figure(fig, name)
     return fig
@@ -188,8 +201,8 @@ def noise_ball(mean_loss, lrs, batch_size: int, predicted, grid_lrs, grid_batche
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("SGD step t")
-    ax.set_ylabel("E[f(x_t)]  (mean over chains)")
-    ax.set_title(f"f = h x²/2, batch {batch_size}: fast descent, then a floor set by the step", fontsize=10)
+    ax.set_ylabel("E[f(θ_t)]  (mean over chains)")
+    ax.set_title(f"f = h θ²/2, batch {batch_size}: fast descent, then a floor set by the step", fontsize=10)
     ax.legend(fontsize=8, loc="lower left")
     ax.grid(alpha=0.3)
     ax = axes[1]
@@ -220,7 +233,7 @@ def decaying_step_loss(decaying_loss, decaying_expected, constant_loss, constant
             label="exact E[f] of the decaying step")
     lo, hi = fit_range
     ax.axvspan(lo, hi, color="tab:blue", alpha=0.08, label=f"fit range: slope {slope:.2f}")
-    return finish_log_log(fig, ax, name, "SGD step t", "E[f(x_t)]  (mean over chains)",
+    return finish_log_log(fig, ax, name, "SGD step t", "E[f(θ_t)]  (mean over chains)",
                            "A decaying step keeps improving, as O(1/t)", "lower left")
 
 
@@ -248,7 +261,7 @@ def saddle_escape(gd_path, sgd_paths, sgd_final, name: str = "01_saddle"):
     ax.legend(fontsize=8, loc="upper right")
     ax = axes[1]
     ax.hist(sgd_final[:, 1], bins=np.linspace(-1.3, 1.3, 105), color="tab:red", alpha=0.8, label=f"{len(sgd_final)} SGD runs")
-    ax.axvline(gd_path[-1, 0, 1], color="black", linewidth=2.5, label="GD (every run)")
+    ax.axvline(gd_path[-1, 0, 1], color="black", linewidth=2.5, label="GD (one run, no noise)")
     ax.set_xlabel("final y")
     ax.set_ylabel("runs")
     ax.set_title("Where the runs ended", fontsize=10)
