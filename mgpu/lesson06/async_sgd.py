@@ -196,7 +196,7 @@ def straggler_study(configs: Sequence[dict], *, global_batch: int = 64, steps: i
     update. Rank 0 returns, per configuration, the median step time after ``warmup`` steps, the
     throughput, every rank's device seconds per step, and the largest difference between the
     all-reduced gradient of the first step and the gradient one process computes on the
-    concatenated global batch.
+    concatenated global batch (with that gradient's largest absolute value, its scale).
     """
     import horovod.tensorflow as hvd
     import tensorflow as tf
@@ -227,7 +227,7 @@ def straggler_study(configs: Sequence[dict], *, global_batch: int = 64, steps: i
                 return hvd.grouped_allreduce([g * share for g in grads], op=hvd.Sum)
             return hvd.grouped_allreduce(grads, op=hvd.Average)
 
-        times, max_error = [], None
+        times, max_error, scale = [], None, None
         ended = time.perf_counter()
         for step in range(steps + warmup):
             base = step * global_batch
@@ -238,6 +238,7 @@ def straggler_study(configs: Sequence[dict], *, global_batch: int = 64, steps: i
             if step == 0:
                 reference = gradients(x[:global_batch], y[:global_batch])  # one process, the whole batch
                 max_error = max(float(tf.reduce_max(tf.abs(r - g))) for r, g in zip(reduced, reference))
+                scale = max(float(tf.reduce_max(tf.abs(g))) for g in reference)
             optimizer.apply_gradients(zip(reduced, model.trainable_variables))
             # A step runs from the end of the previous all-reduce to the end of its own: the time
             # between two updates, which the slowest rank sets.
@@ -249,7 +250,7 @@ def straggler_study(configs: Sequence[dict], *, global_batch: int = 64, steps: i
             "sizes": sizes, "slowness": slowness, "weighted": bool(config["weighted"]),
             "step_s": step_s, "examples_per_s": global_batch / step_s,
             "device_s_per_rank": [ms_per_example * 1e-3 * b * s for b, s in zip(sizes, slowness)],
-            "max_error_vs_concatenated": max_error,
+            "max_error_vs_concatenated": max_error, "gradient_scale": scale,
         }
     return out
 

@@ -32,11 +32,13 @@ def async_loss_curves(runs: dict, title: str, name: str = "06_sync_vs_async"):
     """Full-data loss against updates (left) and wall-clock seconds (right), one line per run.
 
     ``runs`` maps a label to ``(seconds, losses)``, both one value per update (index 0: the start).
-    A run whose loss stopped being finite ends in a cross at the top of the axis.
+    The axis stops at the highest loss, or at 1000 times the lowest if that is lower: a run past it
+    ends in a cross at the top, labelled with its last loss in the left panel.
     """
     fig, (by_update, by_time) = plt.subplots(1, 2, figsize=(10, 3.8), sharey=True)
     finite = [v for _, losses in runs.values() for v in np.asarray(losses, float) if np.isfinite(v)]
     top = min(max(finite), 1e3 * min(finite)) if finite else 1.0
+    clipped = []
     for i, (label, (seconds, losses)) in enumerate(runs.items()):
         losses = np.asarray(losses, float)
         shown = np.where(np.isfinite(losses) & (losses <= top), losses, np.nan)
@@ -44,6 +46,13 @@ def async_loss_curves(runs: dict, title: str, name: str = "06_sync_vs_async"):
             ax.plot(x, shown, color=f"C{i}", lw=1.2, label=label)
             if not (np.isfinite(losses[-1]) and losses[-1] <= top):
                 ax.plot(x[-1], top, "x", color=f"C{i}", ms=8)
+        if not (np.isfinite(losses[-1]) and losses[-1] <= top):
+            clipped.append((i, label, len(losses) - 1, losses[-1]))
+    longest = max(len(losses) for _, losses in runs.values()) - 1
+    for i, label, last, loss in clipped:  # its last loss, written beside its cross (left panel)
+        left = last < 0.6 * longest
+        by_update.annotate(f"{label}: loss {loss:.2g}, off the scale", (last, top), fontsize=7, color=f"C{i}",
+                           textcoords="offset points", xytext=(6 if left else -6, -12), ha="left" if left else "right")
     by_update.set_xlabel("updates applied to the weights")
     by_time.set_xlabel("wall-clock seconds")
     by_update.set_ylabel("loss on all the data")

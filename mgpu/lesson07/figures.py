@@ -41,7 +41,9 @@ def collective_costs(rows, fits, formula=None, name: str = "07_collective_costs"
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7, loc="best")
     axes[0][0].set_ylabel("time per call (ms)")
-    fig.suptitle("Collectives on Horovod: measured (points) and time = a + n / b fitted (lines)", fontsize=10)
+    fig.suptitle("Collectives on Horovod: measured (points) and the fitted line time = a + n / b\n"
+                 "(curved on these log-log axes: the latency a rules small messages, the slope 1/b large ones)",
+                 fontsize=10)
     fig.tight_layout()
     save_figure(fig, name)
     return fig

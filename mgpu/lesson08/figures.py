@@ -38,7 +38,8 @@ def zero_bytes(rows: list, name: str = "08_zero_bytes"):
         bottom = np.zeros(len(mine))
         for i, part in enumerate(parts):
             values = np.array([r[part] / 1e6 for r in mine])
-            ax.bar([r["stage"] for r in mine], values, bottom=bottom, color=f"C{i}", label=part)
+            ax.bar([r["stage"] for r in mine], values, bottom=bottom, color=f"C{i}",
+                   label="weights" if part == "parameters" else part)
             bottom += values
         ax.set_title(f"N = {n} workers", fontsize=10)
         ax.set_ylabel("MB held by one worker")
