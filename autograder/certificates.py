@@ -619,17 +619,23 @@ def revoke(path: str | os.PathLike, certificate_id: str, reason: str) -> bool:
 
 # ------------------------------------------------------------------------------- eligibility
 
-def why_no_certificate(profile, dataset_is_real: bool, passed: bool, isolation: str = "") -> str | None:
+def why_no_certificate(profile, dataset_is_real: bool, passed: bool, isolation: str = "",
+                       accuracy_in_time: bool = True) -> str | None:
     """None when a certificate is due, else every reason it is not, in one line.
 
     ``profile`` is an :class:`mgpu.assessment.Profile` (its ``name``, ``dataset`` and ``official``);
     ``isolation`` is the run's record of what the sandbox could not do ('' when it was whole): a
     run that could see or write outside its folder (no namespaces, say on a cluster node where jobs
     run as an ordinary user) could have forged what the grader read, so it earns no certificate.
+    ``accuracy_in_time``: the pass is an accuracy reached within a time budget, what a certificate
+    states (Assessment B's, ZeRO-1's, is not: it gets none yet).
     """
     reasons = []
     if not passed:
         reasons.append("not passed: certificates are issued for a pass only")
+    elif not accuracy_in_time:
+        reasons.append("this assignment's pass is not an accuracy reached in time, which is what a certificate "
+                       "states: its certificate is not issued yet")
     if isolation:
         reasons.append(f"the run was not isolated ({isolation}): certificates are issued for isolated runs only")
     if not dataset_is_real:

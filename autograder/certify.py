@@ -64,9 +64,10 @@ def _student_name(db_url: str, student: str) -> str:
     return name.strip() or student
 
 
-#: Why a pass measured otherwise than by accuracy in time (Assessment B, ZeRO-1) gets no certificate.
-NOT_CERTIFIED = ("this assignment's pass is not an accuracy reached in time, which is what a certificate "
-                 "states: its certificate is not issued yet")
+def accuracy_in_time(record: dict) -> bool:
+    """Whether a record's outcome is an accuracy reached in time, what a certificate states (Assessment
+    A's; Assessment B's, ZeRO-1's, is measured otherwise)."""
+    return record.get("accuracy") is not None and record.get("reached_seconds") is not None
 
 
 def issue_certificates(course_dir, assignment: str, profile, *, key_path=None, log=print) -> list[str]:
@@ -99,9 +100,8 @@ def issue_certificates(course_dir, assignment: str, profile, *, key_path=None, l
             if record.get("certificate") or not on_profile:
                 continue
             why = certificates.why_no_certificate(profile, bool(record.get("dataset_real")),
-                                                  bool(record.get("passed")), record.get("isolation", ""))
-            if record.get("accuracy") is None or record.get("reached_seconds") is None:
-                why = "; ".join(filter(None, [why, NOT_CERTIFIED]))
+                                                  bool(record.get("passed")), record.get("isolation", ""),
+                                                  accuracy_in_time(record))
             if why is None:
                 if private_key is None:
                     private_key = certificates.load_private_key(key_path)
