@@ -44,11 +44,14 @@ def accuracy_vs_time(logs: dict, target: float | None = None, diverged=(), name:
     return fig
 
 
-def warmup_first_steps(runs: dict, name: str = "05_warmup_first_steps"):
+def warmup_first_steps(runs: dict, name: str = "05_warmup_first_steps", uniform_loss: float | None = None):
     """Learning rate (top) and training loss (bottom) over the first steps, one line per run.
 
-    ``runs`` maps a label to ``{"lr": [...], "loss": [...]}`` (``RecipeRun.first_steps``).
+    ``runs`` maps a label to ``{"lr": [...], "loss": [...]}`` (``RecipeRun.first_steps``);
+    ``uniform_loss`` (ln of the number of classes) draws a uniform guess's loss.
     """
+    from matplotlib.ticker import LogFormatter
+
     fig, (lr_ax, loss_ax) = plt.subplots(2, 1, figsize=(7, 5), sharex=True)
     for i, (label, steps) in enumerate(runs.items()):
         x = np.arange(1, len(steps["loss"]) + 1)
@@ -62,6 +65,12 @@ def warmup_first_steps(runs: dict, name: str = "05_warmup_first_steps"):
     lr_ax.legend(fontsize=8)
     loss_ax.set_ylabel("training loss (running mean\nsince the last evaluation)")
     loss_ax.set_yscale("log")
+    # Plain numbers on the log axis (2.2, not 2.2 x 10^0), however narrow its range.
+    loss_ax.yaxis.set_major_formatter(LogFormatter())
+    loss_ax.yaxis.set_minor_formatter(LogFormatter(labelOnlyBase=False))
+    if uniform_loss is not None:
+        loss_ax.axhline(uniform_loss, color="k", ls=":", lw=1, label=f"uniform guess (ln of the classes: {uniform_loss:.2f})")
+        loss_ax.legend(fontsize=8)
     loss_ax.set_xlabel("step")
     for ax in (lr_ax, loss_ax):
         ax.grid(alpha=0.3)

@@ -145,7 +145,7 @@ def train_recipes(recipes, settings: Settings, log_dir: str, log_prefix: str = "
     wrong = [r.name for r in recipes if r.workers != size]
     if wrong:
         raise ValueError(f"recipes {wrong} are for another number of workers than this job's {size}")
-    dataset = data.load(settings.dataset, seed=settings.seed, verbose=verbose and rank == 0)
+    dataset = data.load(settings.dataset, seed=settings.seed, verbose=False)  # the caller has named it
     x = dataset.x_train[:settings.train_images][rank::size]
     y = dataset.y_train[:settings.train_images][rank::size]
     # Each rank validates on its own share; MetricAverageCallback then averages equal-sized shares.
