@@ -156,6 +156,8 @@ def test_on_slurm_every_verdict_is_the_local_backends(graded, graded_on_slurm, c
         mine, local = _record(course_dir, student), _record(local_dir, local_student)
         same = ("passed", "outcome_passed", "run_status", "score", "max_score", "cell_scores", "isolation",
                 "horovod_workers_seen", "restored_cells", "discarded_facts")
+        if student == "time_out":  # a worker asleep and one spinning differ in what the watchdog sees by the cut
+            same = tuple(k for k in same if k != "horovod_workers_seen")
         assert {k: mine[k] for k in same} == {k: local[k] for k in same}, (student, mine["reason"], local["reason"])
         timeout_words = lambda reason, s: reason.replace(f"timed out after {s} s", "timed out after N s")
         assert timeout_words(mine["reason"], SLURM_TIMEOUT_S) == timeout_words(local["reason"], LOCAL_TIMEOUT_S), \
