@@ -619,21 +619,27 @@ def revoke(path: str | os.PathLike, certificate_id: str, reason: str) -> bool:
 
 # ------------------------------------------------------------------------------- eligibility
 
+def accuracy_in_time(record: dict) -> bool:
+    """Whether a record's outcome is an accuracy reached in time, what a certificate states (Assessment
+    A's; Assessment B's, ZeRO-1's, is measured otherwise)."""
+    return record.get("accuracy") is not None and record.get("reached_seconds") is not None
+
+
 def why_no_certificate(profile, dataset_is_real: bool, passed: bool, isolation: str = "",
-                       accuracy_in_time: bool = True) -> str | None:
+                       timed_accuracy: bool = True) -> str | None:
     """None when a certificate is due, else every reason it is not, in one line.
 
     ``profile`` is an :class:`mgpu.assessment.Profile` (its ``name``, ``dataset`` and ``official``);
     ``isolation`` is the run's record of what the sandbox could not do ('' when it was whole): a
     run that could see or write outside its folder (no namespaces, say on a cluster node where jobs
     run as an ordinary user) could have forged what the grader read, so it earns no certificate.
-    ``accuracy_in_time``: the pass is an accuracy reached within a time budget, what a certificate
+    ``timed_accuracy``: the pass is an accuracy reached within a time budget, what a certificate
     states (Assessment B's, ZeRO-1's, is not: it gets none yet).
     """
     reasons = []
     if not passed:
         reasons.append("not passed: certificates are issued for a pass only")
-    elif not accuracy_in_time:
+    elif not timed_accuracy:
         reasons.append("this assignment's pass is not an accuracy reached in time, which is what a certificate "
                        "states: its certificate is not issued yet")
     if isolation:

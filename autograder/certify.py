@@ -64,12 +64,6 @@ def _student_name(db_url: str, student: str) -> str:
     return name.strip() or student
 
 
-def accuracy_in_time(record: dict) -> bool:
-    """Whether a record's outcome is an accuracy reached in time, what a certificate states (Assessment
-    A's; Assessment B's, ZeRO-1's, is measured otherwise)."""
-    return record.get("accuracy") is not None and record.get("reached_seconds") is not None
-
-
 def issue_certificates(course_dir, assignment: str, profile, *, key_path=None, log=print) -> list[str]:
     """A signed certificate for every pass of ``profile`` that earns one and has none yet; returns the students.
 
@@ -101,7 +95,7 @@ def issue_certificates(course_dir, assignment: str, profile, *, key_path=None, l
                 continue
             why = certificates.why_no_certificate(profile, bool(record.get("dataset_real")),
                                                   bool(record.get("passed")), record.get("isolation", ""),
-                                                  accuracy_in_time(record))
+                                                  certificates.accuracy_in_time(record))
             if why is None:
                 if private_key is None:
                     private_key = certificates.load_private_key(key_path)
