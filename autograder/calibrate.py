@@ -8,9 +8,9 @@ row from what it measured (:func:`derive_row`):
 - the target: the lowest, over the runs, of the best accuracy the reference held for
   :data:`mgpu.assessment.CONSECUTIVE_EPOCHS` epochs in a row, less ``accuracy_margin``, rounded
   down to a hundredth;
-- the budget: ``margin`` times the slowest run's time to that target on the grader's clock; the
-  timeout 30 s more (the notebook's tests run after training); the memory limit four times the
-  largest resident peak seen, rounded up to 500 MB;
+- the budget: ``margin`` times the slowest run's time to that target on the grader's clock, and at
+  least :data:`START_SLACK_S` more than that time; the timeout 30 s more (the notebook's tests run
+  after training); the memory limit four times the largest resident peak seen, rounded up to 500 MB;
 - the calibration itself: the hardware (GPU model and count, or CPU model and cores), the library
   versions, the dataset's name and fingerprint, the date, the command, and every reference run's
   accuracy by epoch and times.
@@ -41,6 +41,10 @@ ROWS_FILE = "profiles.json"
 OVERRIDE_FLAG = "--allow-other-hardware"
 #: Seconds the notebook needs after training (its tests and the outcome cell) inside the timeout.
 TESTS_SECONDS = 30
+#: The budget is at least this many seconds above the slowest run's time to the target: start-up
+#: (imports, Horovod's launch) varies by seconds between runs whatever the training's length, which
+#: a multiple alone does not cover when the training is short.
+START_SLACK_S = 15
 MEMORY_FACTOR = 4
 MEMORY_STEP_MB = 500
 
@@ -124,7 +128,7 @@ def derive_row(runs: list[dict], *, name: str, dataset: str, real: bool, workers
         raise CalibrationError(f"the reference held at most {min(streaks):.3f}: no target above 0 is left after "
                                f"the margin {accuracy_margin}; check the dataset and the reference")
     reached = [reached_seconds(run["epochs"], target) for run in runs]
-    budget = math.ceil(margin * max(reached))
+    budget = math.ceil(max(margin * max(reached), max(reached) + START_SLACK_S))
     peak = max(run.get("peak_memory_mb", 0.0) for run in runs)
     return {"name": name, "dataset": dataset, "workers": workers, "train_images": train_images,
             "val_images": val_images, "test_images": test_images, "target_accuracy": target,

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import glob
 import json
+import math
 import os
 import re
 import tempfile
@@ -34,9 +35,12 @@ import numpy as np
 
 #: Criterion: validation accuracy >= target for this many consecutive epochs (DLI's rule).
 CONSECUTIVE_EPOCHS = 2
-#: The locked stop rule ends training at target + this on the student's validation split, so that
-#: noise between that split and the grader's held-out split does not stop a run one epoch short.
+#: The locked stop rule ends training at target + a margin on the student's validation split, so that
+#: noise between that split and the grader's held-out split does not stop a run one epoch short: at
+#: least this, and :data:`STOP_Z` standard errors of the difference between the two splits' accuracies
+#: at the target (:func:`stop_margin`; small splits, such as the tests' generated ones, need more).
 STOP_MARGIN = 0.02
+STOP_Z = 2.5
 EPOCH_FILE = re.compile(r"^epoch_(\d{3})\.npz$")
 #: The biggest weights file the grader opens (the reference model's weights are ~0.4 MB).
 MAX_WEIGHTS_BYTES = 20 * 1024 * 1024
@@ -150,7 +154,8 @@ def export_data(dataset, folder: str | os.PathLike, train_images: int, val_image
     np.savez(folder / "val.npz", x=dataset.x_train[-val_images:], y=dataset.y_train[-val_images:])
     (folder / "dataset.json").write_text(json.dumps(
         {"name": dataset.name, "fingerprint": dataset.fingerprint, "real": dataset.real,
-         "image_shape": list(dataset.image_shape), "num_classes": dataset.num_classes}))
+         "image_shape": list(dataset.image_shape), "num_classes": dataset.num_classes,
+         "val_images": int(val_images), "test_images": int(min(test_images, len(dataset.x_test)))}))
     return dataset.x_test[:test_images], dataset.y_test[:test_images]
 
 
@@ -433,12 +438,22 @@ def _callback_classes():
     return SaveEpochWeights, RunFacts
 
 
-def protected_callbacks(output_dir, target_accuracy: float, time_budget_s: float) -> list:
+def stop_margin(target_accuracy: float, val_images: int | None = None, test_images: int | None = None) -> float:
+    """How far above the target the stop rule waits: :data:`STOP_MARGIN`, or :data:`STOP_Z` standard
+    errors of (validation accuracy - held-out accuracy) at the target when the splits are small."""
+    if not val_images or not test_images:
+        return STOP_MARGIN
+    p = min(max(float(target_accuracy), 0.0), 1.0)
+    return max(STOP_MARGIN, STOP_Z * math.sqrt(p * (1 - p) * (1 / val_images + 1 / test_images)))
+
+
+def protected_callbacks(output_dir, target_accuracy: float, time_budget_s: float, data_dir=None) -> list:
     """The locked callbacks for ``model.fit`` on every worker: facts, stop rule, budget, weights.
 
-    The stop rule ends training once ``val_accuracy`` >= target + :data:`STOP_MARGIN` for
-    :data:`CONSECUTIVE_EPOCHS` epochs; the time budget stops it at ``time_budget_s`` on the worker's
-    clock (the grader's clock, which also counts start-up, is the one that decides).
+    The stop rule ends training once ``val_accuracy`` >= target + :func:`stop_margin` (from the split
+    sizes in ``data_dir``'s ``dataset.json`` when it says them) for :data:`CONSECUTIVE_EPOCHS`
+    epochs; the time budget stops it at ``time_budget_s`` on the worker's clock (the grader's clock,
+    which also counts start-up, is the one that decides).
 
     Order matters: the stop rule reads ``val_accuracy`` after Horovod's metric averaging (put
     ``hvd.callbacks.MetricAverageCallback()`` before these), and the weights are saved last.
@@ -446,9 +461,16 @@ def protected_callbacks(output_dir, target_accuracy: float, time_budget_s: float
     from mgpu.runtime import callbacks
 
     SaveEpochWeights, RunFacts = _callback_classes()
+    sizes = {}
+    if data_dir is not None:
+        try:
+            sizes = json.loads((Path(data_dir) / "dataset.json").read_text())
+        except (OSError, ValueError):
+            sizes = {}
+    margin = stop_margin(target_accuracy, sizes.get("val_images"), sizes.get("test_images"))
     clock = callbacks.TrainingClock()
     return [RunFacts(output_dir), clock,
-            callbacks.StopAtAccuracy(target_accuracy + STOP_MARGIN, "val_accuracy",
+            callbacks.StopAtAccuracy(target_accuracy + margin, "val_accuracy",
                                      consecutive=CONSECUTIVE_EPOCHS, clock=clock),
             callbacks.TimeBudget(time_budget_s), SaveEpochWeights(output_dir)]
 

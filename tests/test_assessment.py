@@ -140,6 +140,27 @@ def test_protected_callbacks_in_one_process_save_every_epoch_and_report_no_horov
     assert facts.epochs_done == 3
 
 
+def test_the_stop_rule_waits_further_above_the_target_when_the_splits_are_small(tmp_path):
+    from mgpu.runtime import callbacks
+
+    def threshold(data_dir):
+        [stop] = [c for c in assessment.protected_callbacks(tmp_path / "out", 0.80, 600, data_dir)
+                  if isinstance(c, callbacks.StopAtAccuracy)]
+        return stop.target
+
+    dataset = data.load("synthetic", verbose=False)
+    small, large = tmp_path / "small", tmp_path / "large"
+    assessment.export_data(dataset, small, train_images=1000, val_images=500, test_images=1000)
+    assessment.export_data(dataset, large, train_images=1000, val_images=5000, test_images=10000)
+    # 500 and 1000 images: accuracies at 0.80 differ by 2.5 x sqrt(0.16 (1/500 + 1/1000)) = 0.054 or less
+    # most of the time; 5000 and 10000 images need no more than the floor of 0.02.
+    assert threshold(small) == pytest.approx(0.80 + 2.5 * (0.16 * (1 / 500 + 1 / 1000)) ** 0.5)
+    assert threshold(large) == pytest.approx(0.80 + assessment.STOP_MARGIN)
+    assert threshold(None) == pytest.approx(0.80 + assessment.STOP_MARGIN)  # sizes unknown: the floor
+    # a run's stop rule can only end training late: it never waits less than the floor
+    assert threshold(small) > threshold(large)
+
+
 def test_no_facts_means_training_never_ran(tmp_path):
     with pytest.raises(AssertionError, match="no training process reported"):
         assessment.read_run_facts(tmp_path)

@@ -37,6 +37,14 @@ def test_the_row_is_derived_from_the_slowest_and_weakest_reference_run():
     assert calibrate.profile_from_row(row).key == ("gpu", "fashion_mnist", 4)
 
 
+def test_a_short_training_gets_a_budget_with_room_for_a_slower_start():
+    # Target 0.81, held from 12 s and 14 s: 1.5 x 14 = 21 s would leave 7 s for a start-up that varies by seconds.
+    runs = [_run([0.5, 0.81, 0.83, 0.84], [9, 11, 12, 13]), _run([0.5, 0.80, 0.83, 0.84], [10, 12, 13, 14])]
+    row = calibrate.derive_row(runs, margin=1.5, accuracy_margin=0.02, **ROW_ARGS)
+    assert row["target_accuracy"] == 0.81 and row["_reached_s"] == [12, 14]
+    assert row["time_budget_s"] == 14 + calibrate.START_SLACK_S
+
+
 def test_generated_data_makes_a_practice_row():
     runs = [_run([0.6, 0.81, 0.83], [5, 9, 13]), _run([0.6, 0.82, 0.84], [6, 10, 15])]
     assert calibrate.derive_row(runs, **{**ROW_ARGS, "real": False, "dataset": "synthetic"})["official"] is False

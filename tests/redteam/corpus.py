@@ -153,7 +153,7 @@ def cell_type_changed(context):
 
 def locked_cell_edited(context):
     notebook = context.notebook("quick")
-    _edit(notebook, "setup", "    return assessment.protected_callbacks(output_dir, target_accuracy, time_budget_s)",
+    _edit(notebook, "setup", "    return assessment.protected_callbacks(output_dir, target_accuracy, time_budget_s, data_dir)",
           "    return []  # no facts, no stop rule, no budget, no weights")
     return notebook
 
