@@ -1,12 +1,16 @@
 """Signed certificates of competency: the course's Ed25519 key, issuing, verifying, revoking.
 
-A pass on an official profile with the real dataset earns a certificate (:func:`why_no_certificate`
-says why not otherwise). :func:`issue` writes three files named by the certificate's ID:
+A pass earns a certificate when :func:`why_no_certificate` finds no reason against it (Assessment A:
+an official profile with the real dataset; Assessment B: two workers or more). Both name the
+assessment passed: A's format, ``mgpu-certificate/1`` (:data:`FIELDS`), states the accuracy reached
+in time with typed numbers; B's, ``mgpu-certificate/2`` (:data:`FIELDS_2`), carries the
+assessment's title (:data:`ASSESSMENTS`) and the grader's measurements in one signed sentence
+(``achievement``). :func:`issue` writes three files named by the certificate's ID:
 
-- ``<id>.json``: the signed record, ``{"format": "mgpu-certificate/1", "certificate": {...},
-  "key_id": ..., "signature": ...}``. The signature (Ed25519, base64) covers the canonical JSON of
-  ``format``, ``certificate`` and ``key_id`` (sorted keys, no spaces, UTF-8), so changing any field,
-  or the key ID, breaks it;
+- ``<id>.json``: the signed record, ``{"format": ..., "certificate": {...}, "key_id": ...,
+  "signature": ...}``. The signature (Ed25519, base64) covers the canonical JSON of ``format``,
+  ``certificate`` and ``key_id`` (sorted keys, no spaces, UTF-8), so changing any field, the
+  format or the key ID breaks it;
 - ``<id>.pdf``: the certificate to hand out (A4 landscape), with the JSON file embedded in its
   metadata (``Keywords``, base64), so the PDF alone can be verified;
 - ``<id>.png``: the same page as a preview.
@@ -46,7 +50,8 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-FORMAT = "mgpu-certificate/1"
+FORMAT = "mgpu-certificate/1"       # Assessment A's: an accuracy reached in time
+FORMAT_2 = "mgpu-certificate/2"     # an assessment named by its title, its outcome one signed sentence
 COURSE_NAME = "Deep learning on multiple GPUs"
 PRIVATE_KEY_FILE = "signing_key.pem"
 PUBLIC_KEY_FILE = "public_key.pem"
@@ -80,6 +85,28 @@ FIELDS: dict[str, type] = {
     "grader_version": str,        # git commit of the grader's checkout, or "unknown"
     "calibration": str,           # where the profile's target and budget come from (autograder.calibrate)
 }
+#: Every field of a certificate of :data:`FORMAT_2` (Assessment B's), in the order its JSON file lists them.
+FIELDS_2: dict[str, type] = {
+    "certificate_id": str,
+    "name": str,
+    "student_id": str,
+    "course": str,
+    "course_id": str,
+    "assignment": str,            # the assignment's folder name (zero1)
+    "assessment": str,            # its title, from ASSESSMENTS
+    "issued_at": str,             # UTC, ISO 8601
+    "achievement": str,           # what the grader measured, one sentence with the numbers
+    "profile": str,
+    "workers": int,
+    "data": str,                  # what the run trained on (B: data drawn from a seed the grader chose)
+    "submission_sha256": str,
+    "grader_version": str,
+}
+#: The fields of each format this course signs and verifies.
+FORMATS: dict[str, dict[str, type]] = {FORMAT: FIELDS, FORMAT_2: FIELDS_2}
+#: The title each assignment's certificate names it by (its folder name in ``source/`` -> title).
+ASSESSMENTS = {"assessment": "Assessment A: a training program scaled to several workers with Horovod",
+               "zero1": "Assessment B: shard the optimizer (ZeRO-1)"}
 _DOCUMENT_KEYS = ("format", "certificate", "key_id", "signature")
 #: Base64 exactly as ``base64.b64encode`` writes it (groups of four, padding only to end the last):
 #: what the grader writes is all it accepts, so this check and the browser page's agree on every
@@ -239,14 +266,20 @@ def key_id(public_key: Ed25519PublicKey) -> str:
 
 # ----------------------------------------------------------------------------------- fields
 
-def _type_problem(certificate: Any) -> str | None:
-    """Why ``certificate`` does not have exactly :data:`FIELDS` with their types, or None."""
+def format_of(certificate: dict) -> str:
+    """The format whose fields ``certificate`` has (:data:`FORMAT_2` when it has an ``achievement``)."""
+    return FORMAT_2 if isinstance(certificate, dict) and "achievement" in certificate else FORMAT
+
+
+def _type_problem(certificate: Any, fmt: str = FORMAT) -> str | None:
+    """Why ``certificate`` does not have exactly the fields of ``fmt`` with their types, or None."""
     if not isinstance(certificate, dict):
         return f"not a certificate: its certificate is a {type(certificate).__name__}, not an object"
+    fields = FORMATS[fmt]
     for name in certificate:
-        if name not in FIELDS:
-            return f"unknown field {_show(name)}: not a field of {FORMAT}"
-    for name, kind in FIELDS.items():
+        if name not in fields:
+            return f"unknown field {_show(name)}: not a field of {fmt}"
+    for name, kind in fields.items():
         if name not in certificate:
             return f"field {name} is missing"
         value = certificate[name]
@@ -276,15 +309,16 @@ def complete(fields: dict) -> dict:
     certificate = {"certificate_id": secrets.token_hex(16),
                    "issued_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
     certificate.update(fields)
-    for name, kind in FIELDS.items():
+    fmt = format_of(certificate)
+    for name, kind in FORMATS[fmt].items():
         value = certificate.get(name)
         if kind is float and isinstance(value, int) and not isinstance(value, bool):
             certificate[name] = float(value)
-    certificate = {name: certificate[name] for name in FIELDS if name in certificate} | certificate
-    problem = _type_problem(certificate)
+    certificate = {name: certificate[name] for name in FORMATS[fmt] if name in certificate} | certificate
+    problem = _type_problem(certificate, fmt)
     if problem:
         raise CertificateError(f"cannot issue: {problem}")
-    for name, kind in FIELDS.items():
+    for name, kind in FORMATS[fmt].items():
         value = certificate[name]
         if kind is str and (not value.strip() or any(c in value for c in "\r\n\t\x00")):
             raise CertificateError(f"cannot issue: field {name} must be non-empty text on one line")
@@ -301,10 +335,10 @@ def complete(fields: dict) -> dict:
         raise CertificateError("cannot issue: field issued_at must be an ISO 8601 time in UTC "
                                "(e.g. 2026-11-22T10:00:00+00:00; leave it out for now)")
     for name in ("accuracy", "target_accuracy"):
-        if not 0.0 <= certificate[name] <= 1.0:
+        if name in certificate and not 0.0 <= certificate[name] <= 1.0:
             raise CertificateError(f"cannot issue: field {name} must be between 0 and 1")
     for name in ("reached_seconds", "time_budget_s"):
-        if certificate[name] < 0:
+        if name in certificate and certificate[name] < 0:
             raise CertificateError(f"cannot issue: field {name} must not be negative")
     if certificate["workers"] < 1:
         raise CertificateError("cannot issue: field workers must be at least 1")
@@ -329,18 +363,19 @@ def _canonical(obj: Any) -> bytes:
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
 
 
-def _signed_bytes(certificate: dict, signer_key_id: str) -> bytes:
-    return _canonical({"format": FORMAT, "certificate": certificate, "key_id": signer_key_id})
+def _signed_bytes(certificate: dict, signer_key_id: str, fmt: str = FORMAT) -> bytes:
+    return _canonical({"format": fmt, "certificate": certificate, "key_id": signer_key_id})
 
 
 def sign(certificate: dict, private_key: Ed25519PrivateKey) -> dict:
-    """The signed document for a complete certificate (every field of :data:`FIELDS`, with its type)."""
-    problem = _type_problem(certificate)
+    """The signed document for a complete certificate (every field of its format, with its type)."""
+    fmt = format_of(certificate)
+    problem = _type_problem(certificate, fmt)
     if problem:
         raise CertificateError(f"cannot sign: {problem}")
     signer = key_id(private_key.public_key())
-    signature = private_key.sign(_signed_bytes(certificate, signer))
-    return {"format": FORMAT, "certificate": certificate, "key_id": signer,
+    signature = private_key.sign(_signed_bytes(certificate, signer, fmt))
+    return {"format": fmt, "certificate": certificate, "key_id": signer,
             "signature": base64.b64encode(signature).decode("ascii")}
 
 
@@ -348,7 +383,7 @@ def issue(fields: dict, private_key: Ed25519PrivateKey, out_dir: str | os.PathLi
     """Sign ``fields`` and write ``<certificate_id>.json``, ``.pdf`` and ``.png`` into ``out_dir``.
 
     ``certificate_id`` and ``issued_at`` are filled in when absent; every other field of
-    :data:`FIELDS` is required. Bad fields raise :class:`CertificateError` before anything is written.
+    its format (:data:`FIELDS`, or :data:`FIELDS_2` when ``achievement`` is given) is required. Bad fields raise :class:`CertificateError` before anything is written.
     """
     document = sign(complete(fields), private_key)
     text = json.dumps(document, indent=2, ensure_ascii=False).encode() + b"\n"
@@ -386,20 +421,30 @@ def _render(certificate: dict, signer_key_id: str, json_bytes: bytes) -> tuple[b
     line(0.70, "This certifies that", 14, color=muted, family="DejaVu Serif", style="italic")
     line(0.615, c["name"], min(40.0, 40.0 * 30 / max(len(c["name"]), 1)), family="DejaVu Serif", weight="bold")
     line(0.555, f"student {c['student_id']}", 11, color=muted)
-    achievement = (f"has trained the reference model with Horovod on {c['workers']} workers to {c['accuracy']:.3f} "
-                   f"held-out accuracy (target {c['target_accuracy']:.3f}) in {c['reached_seconds']:.0f} s (budget "
-                   f"{c['time_budget_s']:.0f} s), profile {c['profile']}, dataset {c['dataset']}.")
-    line(0.455, "\n".join(textwrap.wrap(achievement, 90)), 14, family="DejaVu Serif", linespacing=1.5)
+    title = c.get("assessment") or ASSESSMENTS.get(c["assignment"], c["assignment"])
+    if "achievement" in c:  # FORMAT_2: the title and the grader's sentence, both signed
+        achievement = (f"has passed {title} on {c['workers']} workers: {c['achievement']} (profile {c['profile']}, "
+                       f"data {c['data']}).")
+        data_row = ("Data", c["data"][:64])
+    else:
+        achievement = (f"has trained the reference model with Horovod on {c['workers']} workers to "
+                       f"{c['accuracy']:.3f} held-out accuracy (target {c['target_accuracy']:.3f}) in "
+                       f"{c['reached_seconds']:.0f} s (budget {c['time_budget_s']:.0f} s), profile {c['profile']}, "
+                       f"dataset {c['dataset']}.")
+        data_row = ("Dataset fingerprint", c["dataset_fingerprint"][:64])
+    wrapped = textwrap.wrap(achievement, 90)
+    line(0.455, "\n".join(wrapped), 14 if len(wrapped) <= 3 else 12, family="DejaVu Serif", linespacing=1.5)
     line(0.345, f"Issued {issued.day} {issued:%B %Y}", 13, family="DejaVu Serif")
     submission = c["submission_sha256"]
     details = [("Certificate ID", c["certificate_id"]),
-               ("Assessment", f"{c['assignment']} (course {c['course_id']})"[:64]),
-               ("Dataset fingerprint", c["dataset_fingerprint"][:64]),
+               ("Assessment", f"{title} ({c['assignment']}, course {c['course_id']})"[:88]),
+               data_row,
                ("Submission SHA-256", f"{submission[:16]}\u2026{submission[-8:]}"),
                ("Signing key ID", signer_key_id),
                ("Issued (UTC)", c["issued_at"]),
-               ("Grader version", c["grader_version"][:16]),
-               ("Calibration", c["calibration"][:88] + ("\u2026" if len(c["calibration"]) > 88 else ""))]
+               ("Grader version", c["grader_version"][:16])]
+    if "calibration" in c:
+        details.append(("Calibration", c["calibration"][:88] + ("\u2026" if len(c["calibration"]) > 88 else "")))
     for row, (label, value) in enumerate(details):
         y = 0.265 - row * 0.026
         fig.text(0.09, y, label, fontsize=9, color=muted, va="center")
@@ -482,15 +527,17 @@ def read_certificate(path: str | os.PathLike) -> dict:
 def _document_problem(document: Any) -> str | None:
     if not isinstance(document, dict):
         return f"not a certificate: a {type(document).__name__}, expected an object with {', '.join(_DOCUMENT_KEYS)}"
-    if document.get("format") != FORMAT:
-        return f"not a certificate: format {_show(document.get('format'))}, expected {FORMAT!r}"
+    fmt = document.get("format")
+    if not isinstance(fmt, str) or fmt not in FORMATS:
+        return (f"not a certificate: format {_show(fmt)}, expected "
+                f"{' or '.join(repr(name) for name in FORMATS)}")
     for name in _DOCUMENT_KEYS:
         if name not in document:
             return f"not a certificate: no {name}"
     for name in document:
         if name not in _DOCUMENT_KEYS:
             return f"not a certificate: unexpected key {_show(name)} beside {', '.join(_DOCUMENT_KEYS)}"
-    problem = _type_problem(document["certificate"])
+    problem = _type_problem(document["certificate"], fmt)
     if problem:
         return problem
     for name in ("key_id", "signature"):
@@ -543,7 +590,7 @@ def verify(path_or_document: str | os.PathLike | dict, public_key: Ed25519Public
     if len(signature) != SIGNATURE_BYTES:
         return Verification(False, f"{changed} (the signature has {len(signature)} bytes, not {SIGNATURE_BYTES})")
     try:
-        public_key.verify(signature, _signed_bytes(certificate, document["key_id"]))
+        public_key.verify(signature, _signed_bytes(certificate, document["key_id"], document["format"]))
     except InvalidSignature:
         return Verification(False, changed)
     revocations = _normalised(revoked)
@@ -551,6 +598,11 @@ def verify(path_or_document: str | os.PathLike | dict, public_key: Ed25519Public
         return Verification(False, f"revoked: {revocations[certificate['certificate_id'].lower()]} (the signature "
                                    "is valid; the ID is on the course's revocation list)", certificate)
     c = certificate
+    if document["format"] == FORMAT_2:
+        return Verification(True, f"valid: {c['name']} (student {c['student_id']}), {c['course']}, "
+                                  f"{c['assessment']} ({c['assignment']}): {c['achievement']}; {c['workers']} "
+                                  f"workers, profile {c['profile']}, data {c['data']}, issued {c['issued_at']}",
+                            certificate)
     return Verification(True, f"valid: {c['name']} (student {c['student_id']}), {c['course']}, {c['assignment']}: "
                               f"accuracy {c['accuracy']:.3f} (target {c['target_accuracy']:.3f}) in "
                               f"{c['reached_seconds']:.0f} s (budget {c['time_budget_s']:.0f} s) on {c['workers']} "
@@ -619,33 +671,42 @@ def revoke(path: str | os.PathLike, certificate_id: str, reason: str) -> bool:
 
 # ------------------------------------------------------------------------------- eligibility
 
-def accuracy_in_time(record: dict) -> bool:
-    """Whether a record's outcome is an accuracy reached in time, what a certificate states (Assessment
-    A's; Assessment B's, ZeRO-1's, is measured otherwise)."""
-    return record.get("accuracy") is not None and record.get("reached_seconds") is not None
-
-
 def why_no_certificate(profile, dataset_is_real: bool, passed: bool, isolation: str = "",
-                       timed_accuracy: bool = True) -> str | None:
+                       assignment: str = "assessment") -> str | None:
     """None when a certificate is due, else every reason it is not, in one line.
 
-    ``profile`` is an :class:`mgpu.assessment.Profile` (its ``name``, ``dataset`` and ``official``);
-    ``isolation`` is the run's record of what the sandbox could not do ('' when it was whole): a
-    run that could see or write outside its folder (no namespaces, say on a cluster node where jobs
-    run as an ordinary user) could have forged what the grader read, so it earns no certificate.
-    ``timed_accuracy``: the pass is an accuracy reached within a time budget, what a certificate
-    states (Assessment B's, ZeRO-1's, is not: it gets none yet).
+    ``profile`` is an :class:`mgpu.assessment.Profile` (its ``name``, ``workers``, ``dataset`` and
+    ``official``); ``isolation`` is the run's record of what the sandbox could not do ('' when it
+    was whole): a run that could see or write outside its folder (no namespaces, say on a cluster
+    node where jobs run as an ordinary user) could have forged what the grader read, so it earns no
+    certificate. What else a pass needs is the assignment's: Assessment A's accuracy in time counts
+    only against a target and budget calibrated on the real dataset (an official profile);
+    Assessment B's (``zero1``) is measured against a reference run the grader makes itself on data it
+    draws, on any profile, and needs the state sharded over two workers or more.
     """
     reasons = []
     if not passed:
         reasons.append("not passed: certificates are issued for a pass only")
-    elif not timed_accuracy:
-        reasons.append("this assignment's pass is not an accuracy reached in time, which is what a certificate "
-                       "states: its certificate is not issued yet")
+    elif assignment not in ASSESSMENTS:
+        reasons.append(f"assignment {assignment} has no certificate (certificates.ASSESSMENTS lists those that do)")
     if isolation:
         reasons.append(f"the run was not isolated ({isolation}): certificates are issued for isolated runs only")
+    if assignment == "zero1":
+        if profile.workers < 2:
+            reasons.append(f"{profile.workers} worker: sharding needs 2 workers or more for a certificate")
+        return "; ".join(reasons) or None
     if not dataset_is_real:
         reasons.append(f"generated data ({profile.dataset}): certificates are issued on the real dataset only")
     if not profile.official:
         reasons.append(f"practice profile {profile.name}: report only, certificates are issued on official profiles")
     return "; ".join(reasons) or None
+
+
+def zero1_achievement(measured: dict) -> str:
+    """Assessment B's signed sentence, from the grader's measurements (a record's ``measured["zero1"]``)."""
+    top = max(measured["state_bytes_per_rank"].values())
+    return (f"final weights within {measured['weights_max_abs_diff']:.1e} of plain data parallelism's "
+            f"(tolerance {measured['weights_tolerance']:.0e}), at most {top / 1e3:.0f} kB of optimizer state "
+            f"on one worker where plain data parallelism holds {measured['state_dp_bytes'] / 1e3:.0f} kB "
+            f"(limit {measured['state_bound_bytes'] / 1e3:.0f} kB), and {measured['comm_over_dp']:.2f}x its "
+            f"bytes sent per step")

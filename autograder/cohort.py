@@ -12,6 +12,11 @@ contain. The end-to-end test and ``benchmarks/autograder_cohort.py`` use them.
 - ``fake_accuracy``: prints a high accuracy without training, saves untrained weights and edits
   the locked outcome cell to print "PASSED".
 
+Assessment B's (``zero1``) cohort is :func:`zero1_notebooks`: ``reference`` (the source notebook),
+``unsharded`` (the release: plain data parallelism, every worker holding the whole optimizer state)
+and any student cells passed in (the benchmark passes ``tests/redteam_zero1/fake_sharded.py``);
+:data:`EXPECTED_ZERO1` has their verdicts.
+
 :func:`cluster_notebooks` gives a smaller cohort for a cluster's tests: ``reference``,
 ``unconverted`` and ``time_out``, the reference whose training function sleeps forever (a time-out
 that, unlike ``infinite_loop``, leaves the cores it shares a node with to the other runs).
@@ -101,6 +106,30 @@ def cluster_notebooks(course_dir: Path, assignment: str = "assessment") -> dict[
     cell.source = _replace(cell.source, "    rank, size = 0, 1\n",
                            "    rank, size = 0, 1\n    import time\n    time.sleep(10**6)  # never returns, and idle\n")
     return {"reference": notebooks["reference"], "unconverted": notebooks["unconverted"], "time_out": sleeping}
+
+
+#: Assessment B's cohort: student -> (passes, words its reason must hold)
+EXPECTED_ZERO1: dict[str, tuple[bool, tuple[str, ...]]] = {
+    "reference": (True, ()),
+    "unsharded": (False, ("state: a worker holds too much optimizer state",)),
+    "fake_sharded": (False, ("state: a worker holds too much optimizer state",)),
+    "gathers_state": (False, ("state: a worker holds too much optimizer state",)),
+    "reads_reference": (False, ("weights: differ from the reference data-parallel run",)),
+}
+
+
+def zero1_notebooks(course_dir: Path, programs: dict[str, str] | None = None) -> dict[str, "nbformat.NotebookNode"]:
+    """Assessment B's cohort: the reference, the release (``unsharded``), and the release with its
+    ``training_program`` cell replaced by each of ``programs`` (student -> cell source)."""
+    course_dir = Path(course_dir)
+    source = nbformat.read(course_dir / "source" / "zero1" / "zero1.ipynb", as_version=4)
+    release = nbformat.read(course_dir / "release" / "zero1" / "zero1.ipynb", as_version=4)
+    notebooks = {"reference": source, "unsharded": release}
+    for student, program in (programs or {}).items():
+        notebook = nbformat.from_dict(release)
+        _cell(notebook, PROGRAM_CELL).source = program
+        notebooks[student] = notebook
+    return notebooks
 
 
 def write_demo_cohort(course_dir: Path, assignment: str = "assessment", notebooks: dict | None = None) -> list[str]:

@@ -10,7 +10,8 @@
 "use strict";
 (() => {
 const CONFIG = JSON.parse(document.getElementById("mgpu-config").textContent);
-const FORMAT = CONFIG.format;
+const FORMATS = new Map(Object.entries(CONFIG.formats));   // format -> [[field, kind], ...]
+const FORMAT_2 = CONFIG.format_2;                            // Assessment B's: a title and a sentence
 const DOCUMENT_KEYS = ["format", "certificate", "key_id", "signature"];
 const CHANGED = "the signature does not match: a field was changed after signing";
 
@@ -450,13 +451,13 @@ function readCertificate(bytes, name) {
 }
 
 /** certificates._type_problem */
-function typeProblem(certificate) {
+function typeProblem(certificate, format) {
   if (certificate.type !== "dict") {
     return `not a certificate: its certificate is a ${certificate.type}, not an object`;
   }
-  const fields = new Map(CONFIG.fields);
+  const fields = new Map(FORMATS.get(format));
   for (const name of certificate.map.keys()) {
-    if (!fields.has(name)) return `unknown field ${show({ type: "str", value: name })}: not a field of ${FORMAT}`;
+    if (!fields.has(name)) return `unknown field ${show({ type: "str", value: name })}: not a field of ${format}`;
   }
   for (const [name, kind] of fields) {
     if (!certificate.map.has(name)) return `field ${name} is missing`;
@@ -479,8 +480,8 @@ function typeProblem(certificate) {
 /** certificates._document_problem */
 function documentProblem(document) {
   const format = document.map.has("format") ? document.map.get("format") : NONE;
-  if (format.type !== "str" || format.value !== FORMAT) {
-    return `not a certificate: format ${show(format)}, expected ${strRepr(FORMAT)}`;
+  if (format.type !== "str" || !FORMATS.has(format.value)) {
+    return `not a certificate: format ${show(format)}, expected ${[...FORMATS.keys()].map(strRepr).join(" or ")}`;
   }
   for (const name of DOCUMENT_KEYS) {
     if (!document.map.has(name)) return `not a certificate: no ${name}`;
@@ -490,7 +491,7 @@ function documentProblem(document) {
       return `not a certificate: unexpected key ${show({ type: "str", value: name })} beside ${DOCUMENT_KEYS.join(", ")}`;
     }
   }
-  const problem = typeProblem(document.map.get("certificate"));
+  const problem = typeProblem(document.map.get("certificate"), format.value);
   if (problem) return problem;
   for (const name of ["key_id", "signature"]) {
     const value = document.map.get(name);
@@ -500,8 +501,8 @@ function documentProblem(document) {
 }
 
 /** The bytes the course signed: certificates._signed_bytes. */
-function signedBytes(certificate, keyId) {
-  const map = new Map([["format", { type: "str", value: FORMAT }], ["certificate", certificate],
+function signedBytes(certificate, keyId, format) {
+  const map = new Map([["format", { type: "str", value: format }], ["certificate", certificate],
                        ["key_id", { type: "str", value: keyId }]]);
   return canonicalBytes({ type: "dict", map });
 }
@@ -523,6 +524,7 @@ async function verifyDocument(document, newerRevocations) {
   const problem = documentProblem(document);
   if (problem) return { verdict: "tampered", reason: problem };
   const certificate = document.map.get("certificate"), keyId = document.map.get("key_id");
+  const format = document.map.get("format").value;
   if (keyId.value !== CONFIG.key_id) {
     return { verdict: "other-key",
              reason: `signed by another key (key id ${show(keyId)}), not this course's key (${CONFIG.key_id})` };
@@ -534,7 +536,7 @@ async function verifyDocument(document, newerRevocations) {
              reason: `${CHANGED} (the signature has ${signature.length} bytes, not ${CONFIG.signature_bytes})` };
   }
   if (!await ed25519Works()) throw new NoEd25519("this browser fails RFC 8032's Ed25519 test vector");
-  if (!await ed25519Verify(hexToBytes(CONFIG.public_key), signedBytes(certificate, keyId.value), signature)) {
+  if (!await ed25519Verify(hexToBytes(CONFIG.public_key), signedBytes(certificate, keyId.value, format), signature)) {
     return { verdict: "tampered", reason: CHANGED };
   }
   const c = fieldsShown(certificate), values = certificate.map;
@@ -544,6 +546,11 @@ async function verifyDocument(document, newerRevocations) {
   if (reason !== undefined) {
     return { verdict: "revoked", fields: c,
              reason: `revoked: ${reason} (the signature is valid; the ID is on the course's revocation list)` };
+  }
+  if (format === FORMAT_2) {
+    return { verdict: "valid", fields: c,
+             reason: `valid: ${c.name} (student ${c.student_id}), ${c.course}, ${c.assessment} (${c.assignment}): ` +
+                     `${c.achievement}; ${c.workers} workers, profile ${c.profile}, data ${c.data}, issued ${c.issued_at}` };
   }
   const f = (name, places) => fixed(values.get(name).value, places);
   return { verdict: "valid", fields: c,

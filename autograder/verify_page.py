@@ -104,13 +104,14 @@ def page_html(public_key: Ed25519PublicKey, revoked: Mapping[str, str] | None = 
     raw = public_key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
     generated_at = generated_at or datetime.now(timezone.utc).isoformat(timespec="seconds")
     config = {
-        "format": certificates.FORMAT,
+        "formats": {fmt: [[name, kind.__name__] for name, kind in fields.items()]
+                    for fmt, fields in certificates.FORMATS.items()},
+        "format_2": certificates.FORMAT_2,
         "public_key": raw.hex(),
         "key_id": certificates.key_id(public_key),
         "revoked": _revocations(revoked),
         "generated_at": generated_at,
         "course_name": course_name,
-        "fields": [[name, kind.__name__] for name, kind in certificates.FIELDS.items()],
         "signature_bytes": certificates.SIGNATURE_BYTES,
         "max_file_bytes": certificates.MAX_FILE_BYTES,
         "pdf_marker": certificates.PDF_MARKER,

@@ -17,6 +17,11 @@ as a subprocess on the wall clock, and reads the grader's records. It prints, an
 
     python benchmarks/autograder_cohort.py                        # cpu profile, 2 workers, 5 submissions
     python benchmarks/autograder_cohort.py --only reference       # re-measure the reference alone
+    python benchmarks/autograder_cohort.py --assignment zero1     # Assessment B's cohort
+
+Assessment B's cohort (:func:`autograder.cohort.zero1_notebooks`, ``--assignment zero1``): the
+reference (passes), the release, unsharded (fails), and ``tests/redteam_zero1/fake_sharded.py``, which
+does not shard but says it does (fails); written to ``build/results/autograder_benchmark_zero1.json``.
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", default="cpu")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--only", nargs="*", help="grade only these demo students (default: all five)")
+    parser.add_argument("--assignment", default="assessment", choices=["assessment", "zero1"])
     args = parser.parse_args(argv)
 
     from autograder import cohort
@@ -48,13 +54,20 @@ def main(argv: list[str] | None = None) -> int:
 
     course_dir = paths.build_dir() / "autograder_benchmark" / "course"
     shutil.rmtree(course_dir, ignore_errors=True)
-    course_mod.copy_course(course_dir)
-    students = cohort.write_demo_cohort(course_dir)
+    course_mod.copy_course(course_dir, args.assignment)
+    if args.assignment == "zero1":
+        fake = (ROOT / "tests" / "redteam_zero1" / "fake_sharded.py").read_text()
+        students = cohort.write_demo_cohort(course_dir, "zero1",
+                                            cohort.zero1_notebooks(course_dir, {"fake_sharded": fake}))
+        expected = cohort.EXPECTED_ZERO1
+    else:
+        students = cohort.write_demo_cohort(course_dir)
+        expected = cohort.EXPECTED
     for student in set(students) - set(args.only or students):
         shutil.rmtree(course_dir / "submitted" / student)
     students = sorted(args.only or students)
 
-    command = [sys.executable, "-m", "autograder", "grade", str(course_dir), "--assignment", "assessment",
+    command = [sys.executable, "-m", "autograder", "grade", str(course_dir), "--assignment", args.assignment,
                "--profile", args.profile, "--workers", str(args.workers)]
     print("$", " ".join(command), flush=True)
     started = time.monotonic()
@@ -64,11 +77,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"the grader failed with status {done.returncode}", file=sys.stderr)
         return 1
 
-    records = {s: json.loads((course_dir / "autograder" / "assessment" / f"{s}.json").read_text())
+    records = {s: json.loads((course_dir / "autograder" / args.assignment / f"{s}.json").read_text())
                for s in students}
     correct = 0
     for student, record in records.items():
-        passes, words = cohort.EXPECTED[student]
+        passes, words = expected[student]
         ok = record["passed"] is passes and all(w in record["reason"] for w in words)
         correct += ok
         print(f"{student:<15} {'pass' if record['passed'] else 'fail'}  {'as expected' if ok else 'UNEXPECTED'}"
@@ -76,14 +89,19 @@ def main(argv: list[str] | None = None) -> int:
               f"  {record['reason'][:110]}")
     overheads = [r["overhead_seconds"] for r in records.values()]
     values = {
-        "profile": args.profile, "workers": args.workers,
+        "assignment": args.assignment, "profile": args.profile, "workers": args.workers,
         "cohort_size": len(records), "cohort_seconds": cohort_seconds, "correct_verdicts": correct,
         "overhead_s_per_submission": statistics.mean(overheads),
         "overhead_s_max": max(overheads),
         "notebook_seconds": {s: r["notebook_seconds"] for s, r in records.items()},
     }
     reference = records.get("reference")
-    if reference:
+    if reference and args.assignment == "zero1":
+        measured = reference["measured"]["zero1"]
+        values["reference_weights_max_abs_diff"] = measured["weights_max_abs_diff"]
+        values["reference_state_over_dp"] = max(measured["state_bytes_per_rank"].values()) / measured["state_dp_bytes"]
+        values["reference_comm_over_dp"] = measured["comm_over_dp"]
+    elif reference:
         values["reference_reached_seconds"] = reference["reached_seconds"]
         values["reference_best_accuracy"] = reference["accuracy"]
         values["reference_notebook_seconds"] = reference["notebook_seconds"]
@@ -94,6 +112,8 @@ def main(argv: list[str] | None = None) -> int:
     # The whole cohort is the benchmark; a partial run (--only) is kept apart so it never replaces it.
     stem = ("autograder_benchmark" if not args.only
             else f"autograder_{'_'.join(students)}_{args.profile}_{args.workers}")
+    if args.assignment != "assessment":
+        stem += f"_{args.assignment}"
     path = results.write_results(stem, values, dataset=None, smoke=args.profile == "cpu", seed=0)
     print(f"\ncohort of {len(records)} graded in {cohort_seconds:.0f} s; grader overhead "
           f"{values['overhead_s_per_submission']:.1f} s per submission (mean); {correct}/{len(records)} "

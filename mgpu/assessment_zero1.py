@@ -621,7 +621,7 @@ def decide(output_dir, *, workers: int, data_seed: int, steps: int = 30, batch_s
             diff = max(float(np.max(np.abs(g.astype(np.float64) - w))) if g.size else 0.0
                        for g, w in zip(got, want))
             worst = max(worst, diff if np.isfinite(diff) else float("inf"))
-    numbers["weights_max_abs_diff"] = worst
+    numbers["weights_max_abs_diff"], numbers["weights_tolerance"] = worst, WEIGHTS_ATOL
     if missing:
         failures.append(f"weights: {len(missing)} file(s) the protected loop writes are missing "
                         f"({', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''}): did train() "
@@ -635,7 +635,7 @@ def decide(output_dir, *, workers: int, data_seed: int, steps: int = 30, batch_s
 
     # (b) optimizer state per worker
     bound = state_bound_bytes(workers, psi)
-    numbers["state_bound_bytes"] = bound
+    numbers["state_bound_bytes"], numbers["state_dp_bytes"] = bound, STATE_BYTES_PER_PARAMETER * psi
     per_rank = {}
     for rank in range(workers):
         try:

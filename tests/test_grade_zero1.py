@@ -1,12 +1,14 @@
 """Assessment B (ZeRO-1) through the grader's command, end to end on real Horovod workers.
 
-One ``grade --assignment zero1`` grades a cohort of three: the reference solution twice (two students
-with the same code: honest ZeRO-1 runs end with the same weights, and that is no copy) and the
-release (plain data parallelism: too much state per worker). The verdicts come from the evidence
-files the grader copied out of each run; the clean test pass reads the same copies; ``certify``
-gives this assignment's passes no certificate, saying why. Through Slurm, the reference's evidence
-comes back from the node and gets the same verdict. (The red-team cases of ``tests/redteam_zero1/``
-are decided in ``tests/test_assessment_zero1.py`` by the same ``decide``.)
+One ``grade --assignment zero1`` grades a cohort of six through the sandbox: the reference solution
+twice (two students with the same code: honest ZeRO-1 runs end with the same weights, and that is
+no copy), the release (plain data parallelism: too much state per worker) and the three red-team
+cases of ``tests/redteam_zero1/`` (one that does not shard but reports that it does, one that reads
+the reference weights, one that gathers the full state on every rank). The verdicts come from the
+evidence files the grader copied out of each run; the clean test pass reads the same copies;
+``certify`` signs the passes' certificates, which name Assessment B and state the grader's
+measurements. Through Slurm, the reference's evidence comes back from the node and gets the same
+verdict.
 """
 
 import csv
@@ -19,14 +21,18 @@ from pathlib import Path
 import nbformat
 import pytest
 
+from autograder import cohort
 from autograder import course as course_mod
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]
 SOLUTION_MARKER = re.compile(r"^[ \t]*### (BEGIN|END) SOLUTION\n", re.M)
 # student: (passes, words its reason must hold)
+REDTEAM = Path(__file__).resolve().parent / "redteam_zero1"
+CASES = ("fake_sharded", "reads_reference", "gathers_state")
 EXPECTED = {"reference": (True, ()), "same_code": (True, ()),
-            "plain_dp": (False, ("state: a worker holds too much optimizer state",))}
+            "plain_dp": (False, ("state: a worker holds too much optimizer state",)),
+            **{case: cohort.EXPECTED_ZERO1[case] for case in CASES}}
 
 
 def _program(notebook, source):
@@ -43,7 +49,7 @@ def graded(tmp_path_factory):
     solution = next(c.source for c in source.cells
                     if c.metadata.get("nbgrader", {}).get("grade_id") == "training_program")
     programs = {"reference": SOLUTION_MARKER.sub("", solution), "same_code": SOLUTION_MARKER.sub("", solution),
-                "plain_dp": None}
+                "plain_dp": None, **{case: (REDTEAM / f"{case}.py").read_text() for case in CASES}}
     for student, program in programs.items():
         notebook = nbformat.from_dict(release)
         if program is not None:
@@ -98,8 +104,10 @@ def test_the_clean_test_pass_reads_the_evidence(graded):
     assert plain["outcome"][0] == 0
 
 
-def test_certify_gives_this_assignment_no_certificate_and_says_why(graded):
+def test_certify_signs_the_passes_certificates_naming_assessment_b_with_the_graders_numbers(graded):
     course_dir, _ = graded
+    assert _record(course_dir, "reference")["certificate_note"].startswith("eligible: run python -m autograder "
+                                                                          "certify")
     keys = subprocess.run([sys.executable, "-m", "autograder", "keys", "init", "--course", str(course_dir)],
                           cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert keys.returncode == 0, keys.stderr[-2000:]
@@ -107,8 +115,18 @@ def test_certify_gives_this_assignment_no_certificate_and_says_why(graded):
                               "--profile", "cpu", "--workers", "2"], cwd=ROOT, capture_output=True, text=True,
                              timeout=300)
     assert certify.returncode == 0, certify.stderr[-2000:]
-    record = _record(course_dir, "reference")
-    assert not record.get("certificate") and "not an accuracy reached in time" in record["certificate_note"]
+    records = {s: _record(course_dir, s) for s in EXPECTED}
+    assert records["reference"]["certificate"] and records["same_code"]["certificate"]
+    assert not records["plain_dp"].get("certificate") and records["plain_dp"]["certificate_note"].startswith("not passed")
+    pdf = course_dir / "autograder" / "zero1" / "certificates" / f"{records['reference']['certificate']}.pdf"
+    verified = subprocess.run([sys.executable, "-m", "autograder", "verify", str(pdf), "--course", str(course_dir)],
+                              cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert verified.returncode == 0 and verified.stdout.startswith("VALID: "), verified.stdout + verified.stderr
+    measured = records["reference"]["measured"]["zero1"]
+    assert "Assessment B: shard the optimizer (ZeRO-1) (zero1): final weights within" in verified.stdout
+    assert f"{measured['weights_max_abs_diff']:.1e} of plain data parallelism's" in verified.stdout
+    assert f"{measured['comm_over_dp']:.2f}x its bytes sent per step" in verified.stdout
+    assert f"seed {measured['data_seed']}" in verified.stdout
 
 
 # ------------------------------------------------------------------- the same through Slurm (two nodes, one machine)

@@ -47,7 +47,7 @@ L = 2 ** 252 + 27742317777372353535851937790883648493
 P = 2 ** 255 - 19
 
 
-from test_certificates import _fields  # noqa: E402  (the same certificate fields as the CLI tests)
+from test_certificates import _fields, _fields_2  # noqa: E402  (the same certificate fields as the CLI tests)
 
 
 def _json_bytes(document) -> bytes:
@@ -305,12 +305,13 @@ def course(tmp_path_factory):
     genuine = certificates.issue(_fields(), private, folder / "issued")
     revoked = certificates.issue(_fields(name="Mallory", student_id="s666"), private, folder / "issued")
     other = certificates.issue(_fields(), certificates.load_private_key(other_private), folder / "other")
+    zero1 = certificates.issue(_fields_2(), private, folder / "issued")  # Assessment B's, format 2
     revoked_id = revoked.json.stem
     # A reason with markup and a placeholder of the page's template in it: shown as text, the page still working.
     listed = {revoked_id: "shared account </script><b>&amp;</b> @@SCRIPT@@", "f" * 32: "another certificate"}
     page = verify_page.write_page(folder / "verify.html", public, listed)
     return {"folder": folder, "private": private, "public": public, "public_path": public_path, "page": page,
-            "genuine": genuine, "revoked": revoked, "other": other, "listed": listed}
+            "genuine": genuine, "revoked": revoked, "other": other, "zero1": zero1, "listed": listed}
 
 
 def _python(course, path_or_document, revoked=None):
@@ -620,6 +621,14 @@ def test_damaged_and_odd_certificates_get_pythons_verdict_and_reason(course, dev
     cases = _junk(document, course["genuine"].pdf.read_bytes())
     cases["revoked"] = course["revoked"].json.read_bytes()
     cases["other key"] = course["other"].json.read_bytes()
+    # Assessment B's format: genuine, its sentence edited, presented as format 1, and format 1's fields as 2.
+    zero1 = json.loads(course["zero1"].json.read_text())
+    cases["assessment B"] = course["zero1"].json.read_bytes()
+    cases["assessment B edited"] = _json_bytes({**zero1, "certificate": {
+        **zero1["certificate"], "achievement": zero1["certificate"]["achievement"].replace("0.998", "0.5")
+        .replace("1.00x", "0.50x")}})
+    cases["assessment B as format 1"] = _json_bytes({**zero1, "format": certificates.FORMAT})
+    cases["format 1 as 2"] = _json_bytes({**document, "format": certificates.FORMAT_2})
     expected, items = {}, []
     for index, (label, data) in enumerate(cases.items()):
         path = tmp_path / f"case{index}.json"
@@ -787,7 +796,8 @@ def test_the_page_command_embeds_the_key_and_the_revocation_list_of_the_moment(t
     config = _embedded(page)
     assert config["public_key"] == raw.hex() and config["key_id"] == certificates.key_id(public)
     assert config["revoked"] == {"c" * 32: "withdrawn"} and "1 revoked certificate(s)" in done.stdout
-    assert [name for name, _ in config["fields"]] == list(certificates.FIELDS)
+    assert {fmt: [name for name, _ in fields] for fmt, fields in config["formats"].items()} == {
+        certificates.FORMAT: list(certificates.FIELDS), certificates.FORMAT_2: list(certificates.FIELDS_2)}
     assert "signing_key" not in page.read_text() and "PRIVATE" not in page.read_text()
 
     # With the published key alone: no list unless --revoked, the page in the current folder by default.
