@@ -108,7 +108,7 @@ def profile_from_rate(name: str, train_s: float, eval_s: float, *, workers: int,
     return Profile(name=name, train_s_per_example=train_s * margin, eval_s_per_example=eval_s * margin,
                    basis=f"Its speed: the model's step timed with all {workers} worker{'s' if workers > 1 else ''} "
                          f"computing at once on this machine's {cores} core{'s' if cores > 1 else ''}, "
-                         f"slowed by a margin of {margin:g}, so that every worker's math fits in its device's time.")
+                         f"then made {margin:g}x slower, so that every worker's math fits in its device's time.")
 
 
 def _time_together(build: Callable, shape, classes: int, batch: int, steps: int, seed: int) -> dict:
