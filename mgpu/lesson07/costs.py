@@ -3,7 +3,8 @@ tensor fusion counted in Horovod's timeline, and the all-reduce hidden behind th
 
 - :func:`time_collectives` (on Horovod workers): seconds of ``hvd.allreduce``, ``allgather``,
   ``reducescatter`` and ``broadcast`` by message size;
-- :func:`fit_alpha_beta`: least squares of ``time = a + n / b`` (a latency, b a bandwidth) and its R^2;
+- :func:`fit_alpha_beta`: least squares of ``time = a + n / b`` (a latency, b a bandwidth) on the ratio of
+  line to measurement, its R^2 and its worst miss;
   :func:`ring_allreduce_s` the ring's cost 2(N-1) alpha + 2(N-1)/N n / beta (Thakur, Rabenseifner &
   Gropp 2005; Patarasuk & Yuan 2009) and :func:`link_from_allreduce` the alpha and beta a fit implies;
 - :func:`fusion_steps` (on Horovod workers): training steps of a model of many small gradient tensors,
@@ -87,27 +88,49 @@ def time_collectives(sizes, repeats: int = 3, collectives=COLLECTIVES) -> list[d
 
 @dataclass(frozen=True)
 class Fit:
-    """``time = latency_s + bytes / bandwidth_Bps`` fitted to measured times, and its R^2."""
+    """``time = latency_s + bytes / bandwidth_Bps`` fitted to measured times, its R^2, and its worst miss:
+    the largest factor between the line and a measurement (``worst_bytes`` the size where it is)."""
 
     latency_s: float
     bandwidth_Bps: float
     r2: float
+    worst_miss: float = math.nan
+    worst_bytes: int = 0
 
     def seconds(self, nbytes):
         return self.latency_s + np.asarray(nbytes, float) / self.bandwidth_Bps
 
 
-def fit_alpha_beta(nbytes, seconds) -> Fit:
-    """Least squares of ``t = a + n / b`` on relative errors (each size weighted by 1 / its time, so a 1 kB
-    message counts as much as a 64 MB one), and the R^2 of the fit on the times themselves."""
+def fit_alpha_beta(nbytes, seconds, rounds: int = 30) -> Fit:
+    """Least squares of ``t = a + n / b`` on the ratio of line to measurement, so that a line twice too high
+    counts as much as one twice too low, at 1 kB as at 64 MB: relative errors (each size weighted by 1 / its
+    time), then reweighted by 1 / sqrt(time x line) until the misses are symmetric in the ratio (the
+    log of the ratio, to second order). Also the R^2 of the fit on the times themselves and its worst miss."""
     n, t = np.asarray(nbytes, float), np.asarray(seconds, float)
     if n.size < 2 or np.ptp(n) == 0:
         raise ValueError("a latency and a bandwidth need at least two message sizes")
-    design = np.stack([np.ones_like(n), n], axis=1) / t[:, None]
-    (a, slope), *_ = np.linalg.lstsq(design, np.ones_like(t), rcond=None)
+    weights = 1 / t
+    a = slope = None
+    for _ in range(rounds):
+        design = np.stack([np.ones_like(n), n], axis=1) * weights[:, None]
+        (a_new, slope_new), *_ = np.linalg.lstsq(design, t * weights, rcond=None)
+        predicted = a_new + slope_new * n
+        if a is not None and np.any(predicted <= 0):
+            break  # a line through zero has no ratio: keep the last one that had
+        converged = a is not None and np.isclose(a_new, a, rtol=1e-9, atol=0) and np.isclose(slope_new, slope, rtol=1e-9, atol=0)
+        a, slope = a_new, slope_new
+        if converged or np.any(predicted <= 0):
+            break
+        weights = 1 / np.sqrt(t * predicted)
     predicted = a + slope * n
     r2 = 1 - float(np.sum((t - predicted) ** 2)) / float(np.sum((t - t.mean()) ** 2))
-    return Fit(float(a), float(1 / slope) if slope > 0 else math.inf, r2)
+    if np.all(predicted > 0):
+        factors = np.maximum(predicted / t, t / predicted)
+        worst = int(np.argmax(factors))
+        worst_miss, worst_bytes = float(factors[worst]), int(n[worst])
+    else:
+        worst_miss, worst_bytes = math.inf, int(n[int(np.argmin(predicted))])
+    return Fit(float(a), float(1 / slope) if slope > 0 else math.inf, r2, worst_miss, worst_bytes)
 
 
 def ring_allreduce_s(nbytes, workers: int, alpha_s: float, beta_Bps: float):
