@@ -105,18 +105,26 @@ class RecipeRun:
     recipe: Recipe
     val_accuracy: list = field(default_factory=list)
     loss: list = field(default_factory=list)
-    wall_times: list = field(default_factory=list)    # seconds since training began, per epoch
+    wall_times: list = field(default_factory=list)    # seconds since the first step ended, per evaluation
     learning_rates: list = field(default_factory=list)
-    first_steps: dict = field(default_factory=dict)   # "lr" and "loss" at each of the first steps
+    first_steps: dict = field(default_factory=dict)   # "lr" and the step's own "loss" at each of the first steps
     diverged: bool = False
     log_path: str | None = None
     device_overruns: int = 0                          # steps whose math outran the modelled device
     device_steps: int = 0                             # steps timed on it
     evaluations_per_epoch: int = 1                    # val_accuracy and wall_times have this many per epoch
+    device_seconds: float = math.nan                  # of the last wall time, the modelled device's steps and evaluations
+    chance: float = math.nan                          # a uniform guess's accuracy (1 / classes)
 
     @property
     def final_val_accuracy(self) -> float:
         return self.val_accuracy[-1] if self.val_accuracy else math.nan
+
+    @property
+    def collapsed(self) -> bool:
+        """Stopped as diverged, or validating at chance when it ended (a run stopped by the end of training
+        before the divergence check could see a loss above a uniform guess's)."""
+        return self.diverged or self.final_val_accuracy <= self.chance + 0.02
 
 
 def _optimizer(recipe: Recipe, lr: float):
@@ -180,6 +188,9 @@ def train_recipes(recipes, settings: Settings, log_dir: str, log_prefix: str = "
                  .shuffle(len(x), seed=init_seed + rank).repeat().batch(settings.batch)
                  .prefetch(tf.data.AUTOTUNE))
         log_path = Path(log_dir) / f"{log_prefix}{recipe.name}.csv"
+        # Trace the evaluation now, off the clock: like the first training step (which the clock also
+        # leaves out), tracing the graph is a one-off cost of the framework, not of the device.
+        model.evaluate(x_val[:settings.batch], y_val[:settings.batch], verbose=0)
         stop = _StopWhenDiverged(chance, k)
         rates = _RecordLearningRate()
         steps = _RecordFirstSteps(settings.record_steps)
@@ -204,7 +215,9 @@ def train_recipes(recipes, settings: Settings, log_dir: str, log_prefix: str = "
                 initial_lr=lr, multiplier=_cosine(recipe.warmup_epochs * k, settings.epochs * k),
                 start_epoch=recipe.warmup_epochs * k, end_epoch=settings.epochs * k, staircase=False,
                 momentum_correction=recipe.optimizer == "sgd", steps_per_epoch=steps_per_part))
-        fit_callbacks += [rates, steps, stop, callbacks.WallClockCSVLogger(log_path, enabled=rank == 0, parts_per_epoch=k)]
+        first_step_s = device.profile.train_step_s(settings.batch) if device.active else 0.0
+        fit_callbacks += [rates, steps, stop, _ClockAfterFirstStep(log_path, first_step_s, enabled=rank == 0,
+                                                                   parts_per_epoch=k)]
         started = time.perf_counter()
         history = model.fit(train, epochs=settings.epochs * k, steps_per_epoch=steps_per_part,
                             validation_data=(x_val, y_val), callbacks=fit_callbacks, verbose=0)
@@ -215,16 +228,47 @@ def train_recipes(recipes, settings: Settings, log_dir: str, log_prefix: str = "
             logged = read_log(log_path)
             seconds = logged[-1]["wall_time"] if logged else time.perf_counter() - started
             epochs_done = len(acc) / k
+            on_device = _device_seconds(device, settings.batch, len(acc), len(x_val))
             print(f"  {recipe.name:<24} lr {recipe.learning_rate(size):<8.4g} final val acc {acc[-1]:.3f} after "
                   f"{epochs_done:g} epoch{'' if epochs_done == 1 else 's'}"
-                  f"{' (diverged)' if stop.diverged else ''}, {seconds:.1f} s", flush=True)
+                  f"{' (diverged)' if stop.diverged else ''}, {seconds:.1f} s"
+                  + (f" = {on_device:.1f} s of device steps + {seconds - on_device:.1f} s beside them"
+                     if math.isfinite(on_device) else ""), flush=True)
         runs.append(RecipeRun(recipe, [float(v) for v in history.history["val_accuracy"]],
                               [float(v) for v in history.history["loss"]], [], rates.values,
-                              steps.values, stop.diverged, str(log_path), device.overruns, device.steps, k))
+                              steps.values, stop.diverged, str(log_path), device.overruns, device.steps, k,
+                              _device_seconds(device, settings.batch, len(history.history["val_accuracy"]),
+                                              len(x_val)), chance))
     if rank == 0:
         for run in runs:
             run.wall_times = [row["wall_time"] for row in read_log(run.log_path)]
     return runs
+
+
+def _device_seconds(device, batch: int, evaluations: int, val_images: int) -> float:
+    """The modelled device's time for the steps and evaluations a run took (NaN without a device)."""
+    if not device.active:
+        return math.nan
+    eval_batches = evaluations * math.ceil(val_images / device.eval_batch)
+    return device.steps * device.profile.train_step_s(batch) + eval_batches * device.profile.eval_step_s(device.eval_batch)
+
+
+def _ClockAfterFirstStep(path, first_step_s: float, **kwargs):
+    """A :class:`~mgpu.runtime.callbacks.WallClockCSVLogger` whose clock starts when the first step
+    ends (that step traces the graph, and Horovod broadcasts the weights after it), counting the first
+    step as ``first_step_s``, its device's time."""
+    from mgpu.runtime import callbacks
+
+    class Clock(callbacks.WallClockCSVLogger):
+        def on_train_batch_end(self, batch, logs=None):
+            if not self._restarted:
+                self._start, self._restarted = time.perf_counter() - first_step_s, True
+
+        def on_train_begin(self, logs=None):
+            super().on_train_begin(logs)
+            self._restarted = False
+
+    return Clock(path, **kwargs)
 
 
 def _cosine(start: float, end: float):
@@ -249,9 +293,13 @@ def divergence_sweep(recipe: Recipe, settings: Settings, seeds, log_dir: str, ep
     for seed in seeds:
         swept = dataclasses.replace(settings, epochs=epochs, init_seed=int(seed), cosine_decay=False)
         run = train_recipes([recipe], swept, log_dir, log_prefix=f"seed{seed}-", verbose=False)[0]
-        outcomes.append({"seed": int(seed), "diverged": run.diverged, "val_accuracy": run.final_val_accuracy})
+        outcomes.append({"seed": int(seed), "diverged": run.diverged, "collapsed": run.collapsed,
+                         "val_accuracy": run.final_val_accuracy})
         if hvd.rank() == 0:
-            print(f"  seed {seed:>3}: {'diverged' if run.diverged else 'trained'} "
+            label = ("diverged" if run.diverged else
+                     "collapsed (at chance, though its training loss stayed under ln(classes): not stopped)"
+                     if run.collapsed else "trained")
+            print(f"  seed {seed:>3}: {label} "
                   f"(val acc {run.final_val_accuracy:.3f} after {len(run.val_accuracy) / run.evaluations_per_epoch:g} "
                   f"epoch{'' if len(run.val_accuracy) == run.evaluations_per_epoch else 's'})",
                   flush=True)
@@ -318,17 +366,23 @@ class _RecordLearningRate(tf.keras.callbacks.Callback):
 
 
 class _RecordFirstSteps(tf.keras.callbacks.Callback):
-    """The learning rate and this rank's loss (Keras' running mean over the epoch) at the first steps."""
+    """The learning rate and this rank's loss at each of the first steps: the step's own loss, recovered
+    from Keras' running mean, which restarts with each of its epochs (each evaluation)."""
 
     def __init__(self, steps: int):
         super().__init__()
         self.steps = steps
         self.values: dict[str, list[float]] = {"lr": [], "loss": []}
+        self._mean = 0.0
 
     def on_train_batch_end(self, batch, logs=None):
+        mean = float((logs or {}).get("loss", math.nan))
+        # The mean of batches 0..batch (equal batches): this batch's loss is (batch + 1) m_b - batch m_(b-1).
+        own = mean if batch == 0 else (batch + 1) * mean - batch * self._mean
+        self._mean = mean
         if len(self.values["loss"]) < self.steps:
             self.values["lr"].append(float(tf.keras.backend.get_value(self.model.optimizer.learning_rate)))
-            self.values["loss"].append(float((logs or {}).get("loss", math.nan)))
+            self.values["loss"].append(own)
 
 
 def read_log(path) -> list[dict]:
