@@ -315,7 +315,8 @@ def elastic_train(folder: str, config: dict) -> dict:
     def on_reset():  # after a worker left or joined: new size, new rate
         optimizer.learning_rate.assign(config["lr"] * hvd.size())
         if hvd.rank() == 0:
-            log_event(folder, event="reset", size=hvd.size(), step=state.step, examples=state.examples)
+            log_event(folder, event="reset", size=hvd.size(), step=state.step, examples=state.examples,
+                      host=os.environ.get("HOROVOD_HOSTNAME", "localhost"))  # rank 0's host: ranks are dealt anew
 
     state.register_reset_callbacks([on_reset])
     math_s = []
