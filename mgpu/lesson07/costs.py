@@ -54,16 +54,14 @@ def message_values(op: str, nbytes: int, workers: int) -> int:
 def time_collectives(sizes, repeats: int = 3, collectives=COLLECTIVES) -> list[dict]:
     """On every Horovod worker: each collective on float32 messages of ``sizes`` bytes, ``repeats`` timed
     calls after one untimed; rank 0 returns rows ``{op, bytes, seconds, workers}``, seconds being the
-    fastest call as the slowest rank saw it (noise only ever adds time). The timed calls go in rounds,
-    each timing every collective and size once, so that a busy spell of a shared machine slows one
-    round of all of them rather than every call of one collective. Sizes must be multiples of
+    fastest call as the slowest rank saw it (noise only ever adds time). Sizes must be multiples of
     4 x workers bytes."""
     import horovod.tensorflow as hvd
     import tensorflow as tf
 
     hvd.init()
     n = hvd.size()
-    rows, calls = [], []
+    rows, mine = [], []
     for op in collectives:
         call = _collective(op, hvd)
         for nbytes in sizes:
@@ -71,17 +69,16 @@ def time_collectives(sizes, repeats: int = 3, collectives=COLLECTIVES) -> list[d
                 raise ValueError(f"{nbytes} bytes do not split into float32 shares of {n} workers")
             x = tf.fill([message_values(op, nbytes, n)], float(hvd.rank() + 1))
             call(x)  # the first call of a shape negotiates and allocates: not timed
+            seconds = []
+            for _ in range(repeats):
+                started = time.perf_counter()
+                call(x)
+                seconds.append(time.perf_counter() - started)
             rows.append({"op": op, "bytes": int(nbytes), "workers": n})
-            calls.append((call, x))
-    mine = [[] for _ in calls]
-    for _ in range(repeats):
-        for seconds, (call, x) in zip(mine, calls):
-            started = time.perf_counter()
-            call(x)
-            seconds.append(time.perf_counter() - started)
+            mine.append(seconds)
     slowest = hvd.allreduce(tf.constant(mine, tf.float64), op=hvd.Max).numpy()  # per call, the slowest rank
-    for row, timed in zip(rows, slowest):
-        row["seconds"] = float(timed.min())
+    for row, calls in zip(rows, slowest):
+        row["seconds"] = float(calls.min())
     return rows
 
 
