@@ -29,10 +29,10 @@ def pipeline_bubble(timelines: dict, sweep: list, name: str = "09_pipeline_bubbl
         ax.set_title(title, fontsize=9)
     from matplotlib.patches import Patch
 
-    axes[0].legend(handles=[Patch(color=plt.cm.Blues(0.6), label="forward"),
-                            Patch(color=plt.cm.Oranges(0.6), label="backward (recomputes the forward)"),
-                            Patch(color="white", label="shade, light to dark: micro-batch 0, 1, 2, 3, then again")],
-                   fontsize=7, loc="lower right")
+    fig.legend(handles=[Patch(color=plt.cm.Blues(0.6), label="forward"),
+                        Patch(color=plt.cm.Oranges(0.6), label="backward (recomputes the forward)"),
+                        Patch(color="white", label="shade, light to dark: micro-batch 0, 1, 2, 3, then again")],
+               fontsize=7, loc="lower left", ncol=3)  # below the panels: inside one it hides bars
     ax = axes[-1]
     for i, n in enumerate(sorted({r["stages"] for r in sweep})):
         rows = sorted((r for r in sweep if r["stages"] == n), key=lambda r: r["micro_batches"])
@@ -48,9 +48,23 @@ def pipeline_bubble(timelines: dict, sweep: list, name: str = "09_pipeline_bubbl
     ax.set_title("Measured idle fraction (points), GPipe's bubble (lines)", fontsize=9)
     ax.legend(fontsize=7)
     ax.grid(alpha=0.3)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.06, 1, 1))
     save_figure(fig, name)
     return fig
+
+
+def _label_bars(ax, bars: list, fontsize: float = 6.5) -> None:
+    """Write each bar's micro-batch number inside it: across if it fits, upright if only that fits, else
+    not at all (numbers of narrow bars would run together). ``bars``: ``(row, left_ms, width_ms, text)``."""
+    ax.figure.canvas.draw()  # the axes' final size, to convert milliseconds to points
+    x0, x1 = ax.get_xlim()
+    points_per_ms = ax.get_window_extent().width * 72 / ax.figure.dpi / (x1 - x0)
+    for row, left, width, text in bars:
+        room = width * points_per_ms
+        if room >= 0.62 * fontsize * len(text) + 1.5:
+            ax.text(left + width / 2, row, text, ha="center", va="center", fontsize=fontsize)
+        elif room >= 0.8 * fontsize:
+            ax.text(left + width / 2, row, text, ha="center", va="center", fontsize=fontsize - 1, rotation=90)
 
 
 def hybrid_parallelism(replicas: int, stages: int, micro_batches: int, name: str = "09_hybrid_parallelism"):
@@ -97,20 +111,21 @@ def pipeline_schedules(timelines: dict, rows: list, stages: int, name: str = "09
 
     fig, axes = plt.subplots(1, len(timelines) + 1, figsize=(4.6 * (len(timelines) + 1), 3.4),
                              gridspec_kw={"width_ratios": [1.3] * len(timelines) + [1]})
+    labels = {}  # written once the layout is final: whether a number fits depends on the axes' size
     for ax, (title, intervals) in zip(axes, timelines.items()):
         for i in intervals:
             shade = 0.35 + 0.5 * (i.micro_batch % 4) / 3
             colour = plt.cm.Blues(shade) if i.kind == "F" else plt.cm.Oranges(shade)
             ax.barh(i.stage, (i.end - i.start) * 1e3, left=i.start * 1e3, height=0.7, color=colour,
                     edgecolor="black", linewidth=0.3)
-            ax.text((i.start + i.end) / 2 * 1e3, i.stage, str(i.micro_batch), ha="center", va="center", fontsize=6.5)
+            labels.setdefault(ax, []).append((i.stage, i.start * 1e3, (i.end - i.start) * 1e3, str(i.micro_batch)))
         ax.set_yticks(range(stages), [f"stage {s}" for s in range(stages)])
         ax.invert_yaxis()
         ax.set_xlabel("milliseconds since the step began")
         ax.set_title(title, fontsize=9)
-    fig.legend(handles=[Patch(color=plt.cm.Blues(0.6), label="forward (micro-batch number)"),
+    fig.legend(handles=[Patch(color=plt.cm.Blues(0.6), label="forward"),
                         Patch(color=plt.cm.Oranges(0.6), label="backward"),
-                        Patch(color="white", label="shade, light to dark: micro-batch 0, 1, 2, 3, then again")],
+                        Patch(color="white", label="shade, light to dark: micro-batch 0, 1, 2, 3, then again; its number where it fits")],
                fontsize=7, loc="lower left", ncol=3)
     ax = axes[-1]
     ms = sorted({r["micro_batches"] for r in rows})
@@ -119,9 +134,10 @@ def pipeline_schedules(timelines: dict, rows: list, stages: int, name: str = "09
     twin = ax.twinx()
     for i, schedule in enumerate(sorted({r["schedule"] for r in rows})):
         mine = sorted((r for r in rows if r["schedule"] == schedule), key=lambda r: r["micro_batches"])
-        ax.plot([r["micro_batches"] for r in mine], [r["idle"] for r in mine], "o", color=f"C{i}",
-                label=f"{schedule}: measured idle")
-        twin.bar([r["micro_batches"] * (0.88 if i == 0 else 1.12) for r in mine], [r["stashed"] for r in mine],
+        beside = 0.88 if i == 0 else 1.12  # each schedule's point above its own bar: equal idles stay visible
+        ax.plot([r["micro_batches"] * beside for r in mine], [r["idle"] for r in mine], "os"[i % 2], color=f"C{i}",
+                label=f"{schedule}: measured idle", zorder=3)
+        twin.bar([r["micro_batches"] * beside for r in mine], [r["stashed"] for r in mine],
                  width=[0.2 * r["micro_batches"] for r in mine], color=f"C{i}", alpha=0.25,
                  label=f"{schedule}: most stashed")
     ax.set_xscale("log", base=2)
@@ -136,5 +152,7 @@ def pipeline_schedules(timelines: dict, rows: list, stages: int, name: str = "09
     ax.legend(handles[0] + more[0], handles[1] + more[1], fontsize=6, loc="upper left")
     ax.grid(alpha=0.3)
     fig.tight_layout(rect=(0, 0.06, 1, 1))
+    for labelled, bars in labels.items():
+        _label_bars(labelled, bars)
     save_figure(fig, name)
     return fig

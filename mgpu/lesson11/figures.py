@@ -24,9 +24,10 @@ def prediction_call_times(table: dict, name: str = "11_prediction_calls"):
                       (right, "the same prediction without predict's machinery")):
         ax.set_xlabel("batch size (samples per call)")
         ax.set_ylabel("milliseconds per call")
-        ax.set_ylim(bottom=0)
+        top = max((y for line in ax.get_lines() for y in line.get_ydata()), default=1.0)
+        ax.set_ylim(0, 1.3 * top)  # room above the highest line for the legend
         ax.set_title(title, fontsize=10)
-        ax.legend(fontsize=8)
+        ax.legend(fontsize=8, loc="upper right" if ax is left else "best")
         ax.grid(alpha=0.3)
     fig.tight_layout()
     save_figure(fig, name)
@@ -51,7 +52,7 @@ def batching_delay_tradeoff(measured: dict, predicted: dict, throughput: dict, n
         if rate in no_batching:
             left.axhline(no_batching[rate], color=colour, ls=":", lw=1)
         right.plot(delays, [throughput[rate][d] for d in delays], "-o", color=colour,
-                   label=f"{rate:.0f} req/s offered" + (f", {sent[rate]:.0f} sent (dashed)" if sent and rate in sent else ""))
+                   label=f"rate {rate:.0f} req/s" + (f", {sent[rate]:.0f} sent (dashed)" if sent and rate in sent else ""))
         if sent and rate in sent:
             right.axhline(sent[rate], color=colour, ls="--", lw=1)
     left.plot([], [], "k:", lw=1, label="no batching (same colour)")
