@@ -30,7 +30,7 @@ def collective_costs(rows, fits, formula=None, name: str = "07_collective_costs"
             grid = np.geomspace(x.min(), x.max(), 50)
             ax.plot(grid, fit.seconds(grid) * 1e3, "-", color=colour, lw=1,
                     label=f"{op}: a={fit.latency_s * 1e6:.0f} us, b={fit.bandwidth_Bps / 1e9:.2f} GB/s, "
-                          f"R²={fit.r2:.2f}")
+                          f"worst miss {fit.worst_miss:.1f}x")
             if op == "allreduce" and formula and n in formula:
                 ax.plot(grid, np.asarray(formula[n](grid)) * 1e3, "--", color="k", lw=1,
                         label="ring formula, alpha and beta from 2 workers")
