@@ -29,7 +29,7 @@ def accuracy_vs_time(logs: dict, target: float | None = None, diverged=(), name:
             ax.plot(x, accuracy, **style)
             if label in diverged and x:
                 ax.plot(x[-1], accuracy[-1], "x", color=f"C{i}", ms=10, mew=2.5)
-    for ax, xlabel in ((by_time, "wall time since training began (s)"), (by_epoch, "epoch")):
+    for ax, xlabel in ((by_time, "seconds since the first step ended"), (by_epoch, "epoch")):
         if target is not None:
             ax.axhline(target, color="k", ls=":", lw=1, label=f"target {target:g}" if ax is by_epoch else None)
         ax.set_xlabel(xlabel)
@@ -63,7 +63,7 @@ def warmup_first_steps(runs: dict, name: str = "05_warmup_first_steps", uniform_
             loss_ax.axvline(first_bad + 1, color=f"C{i}", ls=":", lw=1)
     lr_ax.set_ylabel("learning rate")
     lr_ax.legend(fontsize=8)
-    loss_ax.set_ylabel("training loss (running mean\nsince the last evaluation)")
+    loss_ax.set_ylabel("training loss\n(each step's, rank 0)")
     loss_ax.set_yscale("log")
     # Plain numbers on the log axis (2.2, not 2.2 x 10^0), however narrow its range.
     loss_ax.yaxis.set_major_formatter(LogFormatter())
