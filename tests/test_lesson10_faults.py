@@ -91,7 +91,8 @@ def test_an_elastic_job_survives_a_sigkill_and_rolls_back_to_a_commit(tmp_path):
 
 @pytest.mark.slow
 def test_a_restart_from_the_checkpoint_redoes_the_lost_steps_bit_for_bit(tmp_path):
-    config = dict(seed=5, n_train=1024, width=16, batch=16, lr=0.05, steps=12, checkpoint_every=4)
+    # step_s: an idle machine ran all 12 steps before the kill after step 6 landed (started_at 12)
+    config = dict(seed=5, n_train=1024, width=16, batch=16, lr=0.05, steps=12, checkpoint_every=4, step_s=0.1)
     with faults.Job(faults.checkpoint_train, (config, tmp_path / "trace-1"), tmp_path / "first", np=2,
                     hosts="localhost:2") as job:
         job.wait_for(lambda events: any(e["step"] >= 6 for e in events), 300, "step 6")
