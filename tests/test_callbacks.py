@@ -114,6 +114,23 @@ def test_csv_logger_writes_wall_time_rows_only_when_enabled(tmp_path):
     assert len(clock.epoch_times) == 3 and clock.total >= clock.epoch_times[-1]
 
 
+class _SlowFirstBatch(tf.keras.callbacks.Callback):
+    def on_train_batch_end(self, batch, logs=None):
+        if batch == 0 and not getattr(self, "done", False):
+            self.done = True
+            time.sleep(1.0)
+
+
+def test_csv_logger_can_start_its_clock_after_the_first_step(tmp_path):
+    x, y = _data()
+    plain = callbacks.WallClockCSVLogger(tmp_path / "plain.csv")
+    after = callbacks.WallClockCSVLogger(tmp_path / "after.csv", first_step_s=0.25)
+    _tiny_model().fit(x, y, epochs=2, verbose=0, callbacks=[_SlowFirstBatch(), plain, after])
+    first = {name: float(next(csv.DictReader(open(tmp_path / f"{name}.csv")))["wall_time"]) for name in ("plain", "after")}
+    assert first["plain"] >= 1.0  # the slow first step counts
+    assert 0.25 <= first["after"] < first["plain"] - 0.7  # counted as 0.25 s instead of its 1 s
+
+
 class _RecordRate(tf.keras.callbacks.Callback):
     def __init__(self):
         super().__init__()

@@ -216,8 +216,8 @@ def train_recipes(recipes, settings: Settings, log_dir: str, log_prefix: str = "
                 start_epoch=recipe.warmup_epochs * k, end_epoch=settings.epochs * k, staircase=False,
                 momentum_correction=recipe.optimizer == "sgd", steps_per_epoch=steps_per_part))
         first_step_s = device.profile.train_step_s(settings.batch) if device.active else 0.0
-        fit_callbacks += [rates, steps, stop, _ClockAfterFirstStep(log_path, first_step_s, enabled=rank == 0,
-                                                                   parts_per_epoch=k)]
+        fit_callbacks += [rates, steps, stop, callbacks.WallClockCSVLogger(log_path, enabled=rank == 0, parts_per_epoch=k,
+                                                                           first_step_s=first_step_s)]
         started = time.perf_counter()
         history = model.fit(train, epochs=settings.epochs * k, steps_per_epoch=steps_per_part,
                             validation_data=(x_val, y_val), callbacks=fit_callbacks, verbose=0)
@@ -251,24 +251,6 @@ def _device_seconds(device, batch: int, evaluations: int, val_images: int) -> fl
         return math.nan
     eval_batches = evaluations * math.ceil(val_images / device.eval_batch)
     return device.steps * device.profile.train_step_s(batch) + eval_batches * device.profile.eval_step_s(device.eval_batch)
-
-
-def _ClockAfterFirstStep(path, first_step_s: float, **kwargs):
-    """A :class:`~mgpu.runtime.callbacks.WallClockCSVLogger` whose clock starts when the first step
-    ends (that step traces the graph, and Horovod broadcasts the weights after it), counting the first
-    step as ``first_step_s``, its device's time."""
-    from mgpu.runtime import callbacks
-
-    class Clock(callbacks.WallClockCSVLogger):
-        def on_train_batch_end(self, batch, logs=None):
-            if not self._restarted:
-                self._start, self._restarted = time.perf_counter() - first_step_s, True
-
-        def on_train_begin(self, logs=None):
-            super().on_train_begin(logs)
-            self._restarted = False
-
-    return Clock(path, **kwargs)
 
 
 def _cosine(start: float, end: float):

@@ -186,20 +186,28 @@ class WallClockCSVLogger(tf.keras.callbacks.Callback):
     ``epochs_done`` is ``(epoch + 1) / parts_per_epoch``: the passes over the data done, where each of
     Keras' epochs is a part of one (a run validated several times per pass). Rows are flushed as they
     are written, so a run that is stopped keeps what it logged. With ``enabled=False`` (Horovod ranks
-    other than 0) nothing is written.
+    other than 0) nothing is written. With ``first_step_s`` the clock starts again when the first
+    training step ends, counting that step as ``first_step_s`` (it traces the graph, and Horovod
+    broadcasts the weights after it: one-off costs of the framework, not of the device).
     """
 
-    def __init__(self, path: str | os.PathLike, enabled: bool = True, parts_per_epoch: int = 1):
+    def __init__(self, path: str | os.PathLike, enabled: bool = True, parts_per_epoch: int = 1,
+                 first_step_s: float | None = None):
         super().__init__()
         self.path = Path(path)
         self.enabled = enabled
         self.parts_per_epoch = parts_per_epoch
+        self.first_step_s = first_step_s
         self._file = None
         self._writer = None
         self._columns: list[str] | None = None
 
+    def on_train_batch_end(self, batch, logs=None):
+        if self.first_step_s is not None and not self._restarted:
+            self._start, self._restarted = time.perf_counter() - self.first_step_s, True
+
     def on_train_begin(self, logs=None):
-        self._start = time.perf_counter()
+        self._start, self._restarted = time.perf_counter(), False
         if self.enabled:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._file = open(self.path, "w", newline="")
