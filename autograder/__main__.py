@@ -109,7 +109,8 @@ def _add_calibrate_parser(sub) -> None:
     calibrate.add_argument("--test-images", type=int, default=2000)
     calibrate.add_argument("--margin", type=float, default=1.5, help="budget = this x the slowest run's time to target")
     calibrate.add_argument("--accuracy-margin", type=float, default=0.02,
-                           help="target = the weakest run's two-epoch accuracy less this")
+                           help="target = the weakest run's two-epoch accuracy less this (or less 3 standard "
+                                "errors of an epoch's held-out accuracy, if more)")
     calibrate.add_argument("--no-isolation", action="store_true")
 
 

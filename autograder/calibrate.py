@@ -6,8 +6,9 @@ sandbox, clock and held-out measurement a student's submission gets), one at a t
 row from what it measured (:func:`derive_row`):
 
 - the target: the lowest, over the runs, of the best accuracy the reference held for
-  :data:`mgpu.assessment.CONSECUTIVE_EPOCHS` epochs in a row, less ``accuracy_margin``, rounded
-  down to a hundredth;
+  :data:`mgpu.assessment.CONSECUTIVE_EPOCHS` epochs in a row, less a margin (``accuracy_margin``,
+  or :data:`TARGET_Z` standard errors of one epoch's held-out accuracy when the held-out set is
+  small: :func:`target_margin`), rounded down to a hundredth;
 - the budget: ``margin`` times the slowest run's time to that target on the grader's clock, and at
   least :data:`START_SLACK_S` more than that time; the timeout 30 s more (the notebook's tests run
   after training); the memory limit four times the largest resident peak seen, rounded up to 500 MB;
@@ -45,6 +46,11 @@ TESTS_SECONDS = 30
 #: (imports, Horovod's launch) varies by seconds between runs whatever the training's length, which
 #: a multiple alone does not cover when the training is short.
 START_SLACK_S = 15
+
+#: The target sits at least this many standard errors of one epoch's held-out accuracy below the
+#: reference's streak: the streak is the best of a run's epochs, and a held-out set of 1,000 images
+#: moves an epoch's accuracy by ~0.01 (one standard error) whatever the training does.
+TARGET_Z = 3.0
 MEMORY_FACTOR = 4
 MEMORY_STEP_MB = 500
 
@@ -96,6 +102,14 @@ def streak_accuracy(accuracies: list[float | None]) -> float | None:
     return max(floors) if floors else None
 
 
+def target_margin(streak: float, test_images: int, accuracy_margin: float = 0.02) -> float:
+    """How far below the reference's streak the target goes: ``accuracy_margin``, or :data:`TARGET_Z`
+    standard errors of an epoch's accuracy on ``test_images`` held-out images, whichever is larger
+    (0.02 for Fashion-MNIST's 10,000; more for the small sets of the practice rows and the tests)."""
+    p = min(max(float(streak), 0.0), 1.0)
+    return max(accuracy_margin, TARGET_Z * math.sqrt(p * (1 - p) / max(int(test_images), 1)))
+
+
 def reached_seconds(epochs: list[dict], target: float) -> float | None:
     """The grader's clock at the epoch that completes the first streak at or above ``target``."""
     n = assessment.CONSECUTIVE_EPOCHS
@@ -123,10 +137,11 @@ def derive_row(runs: list[dict], *, name: str, dataset: str, real: bool, workers
             raise CalibrationError(f"reference run {number} saved {len(run['epochs'])} measured epoch(s): it needs "
                                    f"{assessment.CONSECUTIVE_EPOCHS} in a row (did it crash? see its report)")
         streaks.append(streak)
-    target = math.floor((min(streaks) - accuracy_margin) * 100 + 1e-9) / 100
+    below = target_margin(min(streaks), test_images, accuracy_margin)
+    target = math.floor((min(streaks) - below) * 100 + 1e-9) / 100
     if target <= 0:
         raise CalibrationError(f"the reference held at most {min(streaks):.3f}: no target above 0 is left after "
-                               f"the margin {accuracy_margin}; check the dataset and the reference")
+                               f"the margin {below:.3f}; check the dataset and the reference")
     reached = [reached_seconds(run["epochs"], target) for run in runs]
     budget = math.ceil(max(margin * max(reached), max(reached) + START_SLACK_S))
     peak = max(run.get("peak_memory_mb", 0.0) for run in runs)
@@ -135,7 +150,7 @@ def derive_row(runs: list[dict], *, name: str, dataset: str, real: bool, workers
             "time_budget_s": budget, "timeout_s": budget + TESTS_SECONDS,
             "memory_limit_mb": max(MEMORY_STEP_MB, math.ceil(MEMORY_FACTOR * peak / MEMORY_STEP_MB) * MEMORY_STEP_MB),
             "first_epoch_accuracy": min(run["epochs"][0]["accuracy"] for run in runs), "official": bool(real),
-            "_reached_s": reached, "_streaks": streaks}
+            "_reached_s": reached, "_streaks": streaks, "_below": below}
 
 
 # ------------------------------------------------------------------------------ the course file
@@ -253,12 +268,12 @@ def calibrate(course_dir, name: str, workers: int, dataset_name: str, runs: int,
     row = derive_row(measured, name=name, dataset=dataset_name, real=dataset.real, workers=workers,
                      train_images=train_images, val_images=val_images, test_images=test_images, margin=margin,
                      accuracy_margin=accuracy_margin)
-    reached, streaks = row.pop("_reached_s"), row.pop("_streaks")
+    reached, streaks, below = row.pop("_reached_s"), row.pop("_streaks"), row.pop("_below")
     row["calibration"] = {
         "hardware": machine(), "versions": versions(),
         "dataset": {"name": dataset.name, "fingerprint": dataset.fingerprint, "real": bool(dataset.real)},
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "command": command,
-        "margin": margin, "accuracy_margin": accuracy_margin,
+        "margin": margin, "accuracy_margin": accuracy_margin, "target_below_streak": round(below, 4),
         "runs": [{"accuracy_by_epoch": [e["accuracy"] for e in m["epochs"]],
                   "epoch_seconds": [e["seconds"] for e in m["epochs"]], "streak_accuracy": streak,
                   "reached_target_s": r, "notebook_s": m["notebook_seconds"], "peak_memory_mb": m["peak_memory_mb"]}

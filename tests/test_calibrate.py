@@ -45,6 +45,20 @@ def test_a_short_training_gets_a_budget_with_room_for_a_slower_start():
     assert row["time_budget_s"] == 14 + calibrate.START_SLACK_S
 
 
+def test_a_small_held_out_set_puts_the_target_further_below_the_streak():
+    # The same runs, measured on 10,000 held-out images and on 1,000: one epoch's accuracy near 0.85 moves
+    # by one standard error, sqrt(0.85 x 0.15 / n) = 0.0036 and 0.0113; the target goes 3 of them below
+    # the streak when that is more than the 0.02 asked.
+    runs = [_run([0.6, 0.84, 0.85, 0.86], [9, 11, 12, 13]), _run([0.6, 0.85, 0.86, 0.87], [10, 12, 13, 14])]
+    large = calibrate.derive_row(runs, accuracy_margin=0.02, **ROW_ARGS)
+    small = calibrate.derive_row(runs, accuracy_margin=0.02, **{**ROW_ARGS, "test_images": 1000})
+    assert large["_streaks"] == small["_streaks"] == [0.85, 0.86]
+    assert large["_below"] == 0.02 and large["target_accuracy"] == 0.83
+    assert abs(small["_below"] - calibrate.TARGET_Z * (0.85 * 0.15 / 1000) ** 0.5) < 1e-12
+    assert small["target_accuracy"] == 0.81  # floor(0.85 - 0.0339, to a hundredth)
+    assert calibrate.target_margin(0.85, 1000, accuracy_margin=0.05) == 0.05  # the larger of the two
+
+
 def test_generated_data_makes_a_practice_row():
     runs = [_run([0.6, 0.81, 0.83], [5, 9, 13]), _run([0.6, 0.82, 0.84], [6, 10, 15])]
     assert calibrate.derive_row(runs, **{**ROW_ARGS, "real": False, "dataset": "synthetic"})["official"] is False
@@ -63,7 +77,7 @@ def test_runs_that_cannot_make_a_row_say_why():
 def _official_row(hardware):
     runs = [_run([0.7, 0.86, 0.89], [10, 18, 26]), _run([0.7, 0.86, 0.89], [10, 19, 27])]
     row = calibrate.derive_row(runs, **ROW_ARGS)
-    del row["_streaks"], row["_reached_s"]
+    del row["_streaks"], row["_reached_s"], row["_below"]
     row["calibration"] = {"hardware": hardware, "date": "2026-11-26T00:00:00+00:00"}
     return row
 
