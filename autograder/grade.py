@@ -363,6 +363,9 @@ class CohortGrader:
         elif len(ran) != self.profile.workers:
             verdict.reasons.append(f"the grader saw {len(ran)} Horovod worker(s); the "
                                    f"profile runs {self.profile.workers}: keep launch.run(train, workers)")
+            seen = sorted((w["rank"], w["size"]) for w in run.horovod_workers.values())
+            verdict.notes.append(f"Horovod processes seen (rank, size): {seen or 'none'}; horovodrun started "
+                                 f"with -np {run.launched or 'none'}")
         elif (elsewhere := not_data_parallel(run)):
             verdict.reasons.append(elsewhere)
         verdict.worker_cpu_s = {str(w["rank"]): {"total": round(w.get("cpu_s", 0.0), 1),

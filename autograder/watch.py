@@ -182,19 +182,23 @@ def note_training_cpu(workers: dict[int, dict], run_cpu: dict, mark: tuple) -> N
 def spot_workers(root: psutil.Process, popen: subprocess.Popen, workers: dict[int, dict],
                  worker_uid: int | None, launched: list[int] | None = None) -> None:
     """Until the run ends: note every Horovod worker, by its pid in the run's namespace, and the
-    number of workers each ``horovodrun`` of the launch service was started with (``launched``)."""
-    checked: set[int] = set()
+    number of workers each ``horovodrun`` of the launch service was started with (``launched``).
+
+    A process is examined when first seen and again after each ``exec`` (its name changes): ``sh``
+    and ``env`` start a worker and become it, however long that takes on a loaded machine. A pid
+    seen again under another start time is a new process (the kernel reuses pids)."""
+    examined: dict[int, tuple[float, str]] = {}  # pid -> (start time, name) when last examined
     while popen.poll() is None:
         for proc in process_tree(root):
-            if proc.pid in checked or popen.poll() is not None:
-                continue
-            try:  # `sh` and `env` start a worker and become it: look again until it is Python
-                young = time.time() - proc.create_time() < 2.0
-                if young and not proc.name().startswith("python"):
-                    continue
+            if popen.poll() is not None:
+                break
+            try:
+                seen = (proc.create_time(), proc.name())
             except psutil.Error:
                 continue
-            checked.add(proc.pid)
+            if examined.get(proc.pid) == seen:
+                continue
+            examined[proc.pid] = seen
             asked = _horovodrun_launch(proc, worker_uid)
             if asked is not None and launched is not None:
                 launched.append(asked)
@@ -202,5 +206,3 @@ def spot_workers(root: psutil.Process, popen: subprocess.Popen, workers: dict[in
             if worker is not None:
                 workers[namespace_pid(proc.pid)] = worker
         time.sleep(POLL_SECONDS)  # each worker's CPU is sampled by the CPU trail (CpuTrail)
-
-
