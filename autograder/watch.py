@@ -51,21 +51,30 @@ def namespace_pid(pid: int) -> int:
     return pid
 
 
+class _Unreadable(Exception):
+    """A process whose user or environment could not be read this time (it may be exec-ing)."""
+
+
 def _horovod_worker(proc: psutil.Process, worker_uid: int | None) -> dict | None:
     """``{"rank", "size", "host_pid"}`` when ``proc`` is a Horovod worker the launch service started.
 
     With the launch service (``worker_uid``), only processes of the workers' user count: the
-    kernel can start processes with Horovod's variables, but not as that user.
+    kernel can start processes with Horovod's variables, but not as that user. Raises
+    :class:`_Unreadable` when the process could not be read (look again at the next poll).
     """
     try:
         if worker_uid is not None and proc.uids().real != worker_uid:
             return None
         env = proc.environ()
-        if "HOROVOD_RANK" not in env:
-            return None
-        return {"rank": int(env["HOROVOD_RANK"]), "size": int(env.get("HOROVOD_SIZE", "0")),
-                "host_pid": proc.pid}
-    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, OSError, ValueError):
+    except psutil.NoSuchProcess:
+        return None  # it has ended (a zombie, too): nothing more to see
+    except (psutil.AccessDenied, OSError) as error:
+        raise _Unreadable(str(error)) from None
+    if "HOROVOD_RANK" not in env:
+        return None
+    try:
+        return {"rank": int(env["HOROVOD_RANK"]), "size": int(env.get("HOROVOD_SIZE", "0")), "host_pid": proc.pid}
+    except ValueError:
         return None
 
 
@@ -198,11 +207,14 @@ def spot_workers(root: psutil.Process, popen: subprocess.Popen, workers: dict[in
                 continue
             if examined.get(proc.pid) == seen:
                 continue
+            try:
+                worker = _horovod_worker(proc, worker_uid)
+            except _Unreadable:
+                continue  # not examined: read it again at the next poll
             examined[proc.pid] = seen
             asked = _horovodrun_launch(proc, worker_uid)
             if asked is not None and launched is not None:
                 launched.append(asked)
-            worker = _horovod_worker(proc, worker_uid)
             if worker is not None:
                 workers[namespace_pid(proc.pid)] = worker
         time.sleep(POLL_SECONDS)  # each worker's CPU is sampled by the CPU trail (CpuTrail)

@@ -74,7 +74,8 @@ def test_every_verdict_and_reason_is_the_expected_one(graded):
         rows = {row["student"]: row for row in csv.DictReader(f)}
     assert sorted(rows) == sorted(EXPECTED)
     for student, (passes, words) in EXPECTED.items():
-        assert (rows[student]["passed"] == "True") is passes, (student, rows[student]["reason"])
+        assert (rows[student]["passed"] == "True") is passes, \
+            (student, rows[student]["reason"], _record(course_dir, student)["notes"])
         for word in words:
             assert word in rows[student]["reason"], (student, word, rows[student]["reason"])
     assert rows["reference"]["reason"] == "" and rows["same_code"]["reason"] == ""
