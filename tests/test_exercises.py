@@ -34,7 +34,8 @@ def test_each_lab_has_at_least_two_exercises_each_followed_by_its_test(number):
 SPLIT_EXERCISES = {"06": ["staleness_aware_update_solution", "concatenated_gradient_solution"],
                    "07": ["twobit_quantise_solution", "twobit_allreduce_solution"],
                    "08": ["zero1_update_solution"],
-                   "09": ["tensor_parallel_mlp_solution", "one_f_one_b_order_solution"], "10": ["cluster_command_solution", "agreed_steps_solution"]}
+                   "09": ["tensor_parallel_mlp_solution", "one_f_one_b_order_solution"], "10": ["cluster_command_solution", "elastic_train_solution", "checkpoint_train_solution",
+                          "agreed_steps_solution"]}
 
 
 @pytest.mark.parametrize("number", sorted(SPLIT_EXERCISES))

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from mgpu.lesson10 import faults
+from mgpu.lesson10 import faults, saved
 
 #: What Horovod's stall inspector prints (through horovodrun's prefixes) when it works.
 HOROVOD_STALL_OUTPUT = """\
@@ -68,7 +68,7 @@ def test_four_names_of_this_machine_are_four_hosts_to_horovod():
 def test_an_elastic_job_survives_a_sigkill_and_rolls_back_to_a_commit(tmp_path):
     hosts = faults.loopback_hosts(3)
     config = dict(seed=3, n_train=1536, n_test=256, width=16, batch=32, lr=0.02, epochs=2, commit_every=4, device_ms=20)
-    with faults.Job(faults.elastic_train, (config,), tmp_path / "job", np=3, min_np=2, max_np=3, cooldown=(1, 2),
+    with faults.Job(saved.elastic_train, (config,), tmp_path / "job", np=3, min_np=2, max_np=3, cooldown=(1, 2),
                     discovery={h: 1 for h in hosts}, env={"HOROVOD_GLOO_TIMEOUT_SECONDS": "10"}) as job:
         job.wait_for(lambda events: any(e.get("step", 0) >= 22 for e in events), 300, "step 22")
         victim = job.worker_on(hosts[-1])
@@ -78,8 +78,11 @@ def test_an_elastic_job_survives_a_sigkill_and_rolls_back_to_a_commit(tmp_path):
         status = job.wait(timeout=300)
     assert status == 0, job.output[-3000:]
     assert not faults.leftover_processes(job)
-    summary = faults.progress_summary(job.progress(), killed_at)
+    events = job.progress()
+    summary = faults.progress_summary(events, killed_at)
     assert summary["workers_after_failure"] == 2
+    # the reset callback set the rate for the new number of workers (the notebook's exercise)
+    assert [(e["size"], round(e["lr"], 6)) for e in events if e["event"] == "reset"] == [(2, 0.04)]
     assert summary["rolled_back_to_step"] % config["commit_every"] == 0
     assert summary["rolled_back_to_step"] <= summary["step_at_kill"]
     assert summary["sizes"][0][0] == 3 and summary["sizes"][-1][0] == 2
@@ -93,14 +96,14 @@ def test_an_elastic_job_survives_a_sigkill_and_rolls_back_to_a_commit(tmp_path):
 def test_a_restart_from_the_checkpoint_redoes_the_lost_steps_bit_for_bit(tmp_path):
     # step_s: an idle machine ran all 12 steps before the kill after step 6 landed (started_at 12)
     config = dict(seed=5, n_train=1024, width=16, batch=16, lr=0.05, steps=12, checkpoint_every=4, step_s=0.1)
-    with faults.Job(faults.checkpoint_train, (config, tmp_path / "trace-1"), tmp_path / "first", np=2,
+    with faults.Job(saved.checkpoint_train, (config, tmp_path / "trace-1"), tmp_path / "first", np=2,
                     hosts="localhost:2") as job:
         job.wait_for(lambda events: any(e["step"] >= 6 for e in events), 300, "step 6")
         for worker in job.workers():
             os.kill(worker["pid"], signal.SIGKILL)
         job.wait(timeout=60)
     reached = max(e["step"] for e in job.progress())
-    with faults.Job(faults.checkpoint_train, (config, tmp_path / "trace-2"), tmp_path / "second", np=2,
+    with faults.Job(saved.checkpoint_train, (config, tmp_path / "trace-2"), tmp_path / "second", np=2,
                     hosts="localhost:2") as job:
         assert job.wait(timeout=300) == 0, job.output[-3000:]
     assert not faults.leftover_processes(job)

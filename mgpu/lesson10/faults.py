@@ -1,5 +1,5 @@
-"""Faults (notebook 10): a job that survives a lost worker, a job restarted from its checkpoint, and a hang
-and the rank that causes it.
+"""Faults (notebook 10): the machinery around its fault jobs; the training functions themselves are the
+notebook's (``elastic_train``, ``checkpoint_train``: its ``#@save`` cells, in :mod:`mgpu.lesson10.saved`).
 
 - :data:`LOOPBACK_NAMES`: four names of this machine that Horovod counts as four machines. Elastic Horovod
   blacklists the *host* of a failed worker, so four workers on one ``localhost`` would all be lost with
@@ -9,11 +9,10 @@ and the rank that causes it.
   hosts), lets the caller watch the progress log the workers write, find a worker's process, SIGKILL it and
   change the hosts the discovery script reports; it always ends every process of the job (the launcher's
   marker, :mod:`mgpu.runtime.launch`), whatever happened.
-- :func:`elastic_train` is the elastic training function (``hvd.elastic.run`` with a
-  ``TensorFlowKerasState`` that commits); :func:`progress_summary` reads its log after a run: the sizes,
-  the rollback, the seconds lost.
-- :func:`checkpoint_train` trains with a checkpoint file every few steps and resumes from it; it records
-  the weights after every step, so a restarted run can be compared with the run it replaces, step by step.
+- What the training functions use: :func:`register_worker`, :func:`log_event` (the progress log),
+  :func:`toy_task`, :func:`small_model`, :func:`write_json`, :func:`flat_weights`.
+- :func:`progress_summary` reads an elastic run's log: the sizes, the rollback, the seconds lost;
+  :func:`trace_diff` compares a restarted run's weights with the killed run's, step by step.
 - :func:`uneven_epoch` is the hang: uneven shards give one rank one step fewer, so it never submits the
   last gradient all-reduce. :func:`stall_report` reads the stall inspector's "Missing ranks:" report;
   Horovod 0.28.1's prints none under Gloo (``GlooController`` reserves its list of ranks instead of sizing
@@ -212,10 +211,12 @@ def register_worker(folder: str | os.PathLike, rank: int | None = None) -> None:
     pid = os.getpid()
     info = {"host": os.environ.get("HOROVOD_HOSTNAME", "localhost"), "rank": rank, "pid": pid,
             "created": psutil.Process(pid).create_time()}
-    _write_json(Path(folder) / "workers" / f"{pid}.json", info)
+    write_json(Path(folder) / "workers" / f"{pid}.json", info)
 
 
-def _write_json(path: Path, payload: Any) -> None:
+def write_json(path: str | os.PathLike, payload: Any) -> None:
+    """Write JSON through a temporary file renamed over ``path``: a reader never sees half of it."""
+    path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(payload))
     os.replace(tmp, path)
@@ -262,97 +263,22 @@ def toy_task(seed: int, n_train: int, n_test: int, dim: int = 16, classes: int =
     return (*draw(n_train), *draw(n_test))
 
 
-def _model(tf, dim: int, classes: int, width: int):
-    model = tf.keras.Sequential([tf.keras.Input((dim,)), tf.keras.layers.Dense(width, activation="relu"),
-                                 tf.keras.layers.Dense(classes)])
-    return model
+def small_model(dim: int, classes: int, width: int):
+    """The classifier every fault job trains: one hidden layer of ``width`` units, logits out."""
+    import mgpu  # noqa: F401  (Keras 2 on every stack)
+    import tensorflow as tf
+
+    return tf.keras.Sequential([tf.keras.Input((dim,)), tf.keras.layers.Dense(width, activation="relu"),
+                                tf.keras.layers.Dense(classes)])
+
+
+def flat_weights(variables) -> np.ndarray:
+    """Variables as one float64 vector (to compare runs exactly)."""
+    return np.concatenate([np.asarray(v.numpy()).ravel().astype("float64") for v in variables])
 
 
 # --------------------------------------------------------------------------------------------
-# Elastic training
-
-
-def elastic_train(folder: str, config: dict) -> dict:
-    """One worker of the elastic job. ``config``: seed, n_train, n_test, width, batch (per worker), lr (per
-    worker; the rate is ``lr * hvd.size()``), epochs, commit_every (steps between commits), device_ms (the modelled device's time for one step's math, or 0).
-
-    Every epoch visits the same shuffled order of examples whatever the number of workers: a step takes the
-    next ``size * batch`` examples and worker ``r`` the r-th slice of them. The state holds the model, the
-    optimizer, the epoch and the position in it; it is committed every ``commit_every`` steps and at the end
-    of each epoch. Rank 0 logs each step, commit and reset to the progress log.
-    """
-    import mgpu  # noqa: F401  (Keras 2 on every stack)
-    import horovod.tensorflow as hvd
-    import tensorflow as tf
-
-    hvd.init()
-    register_worker(folder, rank=hvd.rank())
-    # Gloo's timeout is read at each hvd.init(). The first one (the job's value) also bounds how long a
-    # survivor waits for a peer that went silent; after a change of workers, the survivors' hvd.init()
-    # waits for a joining worker to start (Python, TensorFlow): give that more time.
-    os.environ["HOROVOD_GLOO_TIMEOUT_SECONDS"] = str(config.get("join_timeout", 120))
-    tf.keras.utils.set_random_seed(config["seed"])
-    x, y, x_test, y_test = toy_task(config["seed"], config["n_train"], config["n_test"])
-    model = _model(tf, x.shape[1], int(y.max()) + 1, config["width"])
-    optimizer = tf.keras.optimizers.SGD(config["lr"] * hvd.size(), momentum=0.9)
-    optimizer.build(model.trainable_variables)  # the state saves the optimizer's variables: create them now
-    loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-    batch, device_s = config["batch"], config.get("device_ms", 0) / 1e3
-
-    @tf.function
-    def gradients(xb, yb):
-        with tf.GradientTape() as tape:
-            loss = loss_fn(yb, model(xb, training=True))
-        return tape.gradient(loss, model.trainable_variables)
-
-    @tf.function
-    def apply(grads):
-        grads = [hvd.allreduce(g, op=hvd.Average) for g in grads]
-        optimizer.apply_gradients(zip(grads, model.trainable_variables))
-
-    state = hvd.elastic.TensorFlowKerasState(model, optimizer, epoch=0, position=0, step=0, examples=0)
-
-    def on_reset():  # after a worker left or joined: new size, new rate
-        optimizer.learning_rate.assign(config["lr"] * hvd.size())
-        if hvd.rank() == 0:
-            log_event(folder, event="reset", size=hvd.size(), step=state.step, examples=state.examples,
-                      host=os.environ.get("HOROVOD_HOSTNAME", "localhost"))  # rank 0's host: ranks are dealt anew
-
-    state.register_reset_callbacks([on_reset])
-    math_s = []
-
-    @hvd.elastic.run
-    def train(state):
-        while state.epoch < config["epochs"]:
-            order = np.random.default_rng([config["seed"], state.epoch]).permutation(len(x))
-            while state.position + hvd.size() * batch <= len(x):
-                start = state.position + hvd.rank() * batch
-                mine = order[start:start + batch]
-                began = time.perf_counter()
-                grads = gradients(x[mine], y[mine])
-                math_s.append(time.perf_counter() - began)
-                time.sleep(max(0.0, began + device_s - time.perf_counter()))  # the modelled device's time
-                apply(grads)
-                state.position += hvd.size() * batch
-                state.examples += hvd.size() * batch
-                state.step += 1
-                if hvd.rank() == 0:
-                    log_event(folder, event="step", size=hvd.size(), step=state.step, epoch=state.epoch,
-                              examples=state.examples)
-                if state.step % config["commit_every"] == 0:
-                    state.commit()
-                    if hvd.rank() == 0:
-                        log_event(folder, event="commit", step=state.step, examples=state.examples)
-            state.epoch, state.position = state.epoch + 1, 0
-            state.commit()
-
-    train(state)
-    accuracy = float(np.mean(np.argmax(model(x_test).numpy(), axis=1) == y_test))
-    if hvd.rank() == 0:
-        _write_json(Path(folder) / "result.json", {
-            "accuracy": accuracy, "size": hvd.size(), "steps": state.step, "examples": state.examples,
-            "math_ms_per_step": 1e3 * float(np.median(math_s[1:] or math_s))})
-    return {"accuracy": accuracy}
+# Reading an elastic run's log
 
 
 def progress_summary(events: Sequence[dict], killed_at: float | None = None) -> dict:
@@ -391,79 +317,7 @@ def progress_summary(events: Sequence[dict], killed_at: float | None = None) -> 
 
 
 # --------------------------------------------------------------------------------------------
-# Checkpoint and restart
-
-
-def _flat(variables) -> np.ndarray:
-    return np.concatenate([np.asarray(v.numpy()).ravel().astype("float64") for v in variables])
-
-
-def checkpoint_train(folder: str, config: dict, trace: str) -> dict:
-    """One worker of a job that checkpoints every ``config["checkpoint_every"]`` steps and starts from the
-    last checkpoint if there is one (``folder/../checkpoint.npz``, shared by the runs of one job).
-
-    The checkpoint holds everything the next step depends on: the weights, the optimizer's variables (its
-    step count and momentum) and the step; each step's batch follows from (seed, step) alone. Rank 0
-    writes it to a temporary file and renames it, so a kill never leaves half a checkpoint. It also records
-    the weights after every step in ``trace`` (a folder), the record the restarted run is compared with.
-    ``config["step_s"]`` (optional): a pause after each step, so that a job killed after step k is killed
-    before it ends even where a step of this small model takes a millisecond.
-    """
-    import mgpu  # noqa: F401
-    import horovod.tensorflow as hvd
-    import tensorflow as tf
-
-    hvd.init()
-    register_worker(folder)
-    tf.config.experimental.enable_op_determinism()
-    tf.keras.utils.set_random_seed(config["seed"] + hvd.rank())
-    x, y, _, _ = toy_task(config["seed"], config["n_train"], 16)
-    model = _model(tf, x.shape[1], int(y.max()) + 1, config["width"])
-    optimizer = tf.keras.optimizers.SGD(config["lr"], momentum=0.9)
-    optimizer.build(model.trainable_variables)
-    loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-    checkpoint = Path(folder).parent / "checkpoint.npz"
-    trace = Path(trace)
-    trace.mkdir(parents=True, exist_ok=True)
-    variables = model.variables + optimizer.variables
-
-    step = 0
-    if hvd.rank() == 0 and checkpoint.exists():  # rank 0 reads it, the broadcast gives it to everyone
-        saved = np.load(checkpoint)
-        for i, var in enumerate(variables):
-            var.assign(saved[f"v{i}"])
-        step = int(saved["step"])
-    hvd.broadcast_variables(variables, root_rank=0)
-    step = hvd.broadcast_object(step, root_rank=0)
-    started_at = step
-    loaded = _flat(model.variables)
-
-    @tf.function
-    def train_step(xb, yb):
-        with tf.GradientTape() as tape:
-            loss = loss_fn(yb, model(xb, training=True))
-        tape = hvd.DistributedGradientTape(tape)
-        optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
-
-    batch = config["batch"]
-    while step < config["steps"]:
-        order = np.random.default_rng([config["seed"], step]).choice(len(x), hvd.size() * batch, replace=False)
-        mine = order[hvd.rank() * batch:(hvd.rank() + 1) * batch]
-        train_step(x[mine], y[mine])
-        step += 1
-        if hvd.rank() == 0:
-            np.save(trace / f"step-{step:04d}.npy", _flat(model.variables))
-            if step % config["checkpoint_every"] == 0:
-                tmp = checkpoint.with_name("checkpoint.tmp.npz")
-                np.savez(tmp, step=step, **{f"v{i}": v.numpy() for i, v in enumerate(variables)})
-                os.replace(tmp, checkpoint)
-            log_event(folder, event="step", step=step, checkpointed=step % config["checkpoint_every"] == 0)
-        time.sleep(config.get("step_s", 0.0))
-    spread = max(float(np.abs(w - _flat(model.variables)).max()) for w in hvd.allgather_object(_flat(model.variables)))
-    if hvd.rank() == 0:
-        _write_json(Path(folder) / "result.json", {"started_at": started_at, "steps": step, "rank_spread": spread})
-        np.save(trace / f"loaded-{started_at:04d}.npy", loaded)
-    return {"started_at": started_at}
+# Comparing a restarted run with the killed one
 
 
 def trace_diff(first: str | os.PathLike, second: str | os.PathLike, steps: Iterable[int],
@@ -532,7 +386,7 @@ def uneven_epoch(folder: str, n_examples: int, batch: int, steps_for: Callable[[
     result = {"rank": hvd.rank(), "shard": len(shard), "steps": steps}
     everyone = hvd.allgather_object(result)
     if hvd.rank() == 0:
-        _write_json(Path(folder) / "result.json", everyone)
+        write_json(Path(folder) / "result.json", everyone)
     return result
 
 
