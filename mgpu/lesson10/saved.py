@@ -18,8 +18,9 @@ def elastic_train(folder, config):
 
     hvd.init()
     register_worker(folder, rank=hvd.rank())
-    # Gloo's timeout is read at each hvd.init(): the job's bounds a survivor's wait for a silent peer; after a
-    # change of workers, the next hvd.init() waits for a new worker to start Python and TensorFlow.
+    # Gloo's timeout is read at each hvd.init(). The job's holds until the first change of workers: it bounds a
+    # survivor's wait for a silent peer. Every later hvd.init() reads join_timeout, time for a joining worker to
+    # start Python and TensorFlow, which then also bounds the wait at a second failure.
     os.environ["HOROVOD_GLOO_TIMEOUT_SECONDS"] = str(config.get("join_timeout", 120))
     tf.keras.utils.set_random_seed(config["seed"])
     x, y, x_test, y_test = toy_task(config["seed"], config["n_train"], config["n_test"])
