@@ -30,18 +30,12 @@ def test_the_stall_report_is_read_and_names_the_rank_missing_what_all_others_sub
     assert report == {0: ["val_accuracy"], 1: ["val_accuracy"], 2: ["gradient_a", "gradient_b"], 3: ["val_accuracy"]}
     assert faults.stall_named_rank(report) == 2
     assert faults.stall_report("[0]<stdout>:nothing stalled\n") is None
+    excerpt = faults.stall_excerpt(HOROVOD_STALL_OUTPUT)
+    assert excerpt.splitlines()[1:] == ["Missing ranks:", "0!: [val_accuracy]", "1!: [val_accuracy]",
+                                        "2!: [gradient_a, gradient_b]", "3!: [val_accuracy]",
+                                        'One or more rank (marked by "!") is stalled for longer than 4 seconds. Will shutdown.']
     with pytest.raises(ValueError, match="no rank alone"):
         faults.stall_named_rank({0: ["a"], 1: ["a"]})
-
-
-def test_the_workers_notes_give_the_first_collective_they_disagree_on(tmp_path):
-    notes = tmp_path / "collectives"
-    notes.mkdir()
-    for rank, names in {0: "g g g g", 1: "g g g g", 2: "g g g v"}.items():
-        (notes / f"rank-{rank}.log").write_text("\n".join(names.split()) + "\n")
-    assert faults.collectives_report(tmp_path) == {0: ["v"], 1: ["v"], 2: ["g"]}
-    (notes / "rank-2.log").write_text("g\ng\ng\ng\n")
-    assert faults.collectives_report(tmp_path) is None
 
 
 def test_the_progress_summary_finds_the_rollback_and_the_seconds_lost():
@@ -115,12 +109,21 @@ def test_a_restart_from_the_checkpoint_redoes_the_lost_steps_bit_for_bit(tmp_pat
 
 
 @pytest.mark.slow
-def test_the_stalled_rank_is_named(tmp_path):
-    env = {"HOROVOD_STALL_CHECK_TIME_SECONDS": "2", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "4"}
+def test_horovods_stall_inspector_names_the_stalled_rank_under_gloo(tmp_path):
+    # Needs the course's patch 05 (Gloo's controller sizes its list of ranks): unpatched, no report. The
+    # response cache off: the gradient, all-reduced before, is reported like a new tensor.
+    env = {"HOROVOD_STALL_CHECK_TIME_SECONDS": "2", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "4",
+           "HOROVOD_CACHE_CAPACITY": "0"}
     with faults.Job(faults.uneven_epoch, (3 * 20 - 1, 10, faults.local_steps), tmp_path / "stall", np=3,
                     hosts="localhost:3", env=env) as job:
-        watched = faults.watch_for_stall(job, quiet_seconds=5, timeout=300)
+        status = job.wait(timeout=300)
+    assert status not in (None, 0), job.output[-3000:]  # the inspector shut Horovod down: the job failed
     assert not faults.leftover_processes(job)
-    report = faults.stall_report(job.output) or watched
+    report = faults.stall_report(job.output)
     assert report is not None, job.output[-3000:]
     assert faults.stall_named_rank(report) == 2
+    assert all(any("val_accuracy" in t for t in report[r]) for r in (0, 1)) and \
+        any("gradient" in t for t in report[2]), report
+    excerpt = faults.stall_excerpt(job.output)
+    assert "One or more tensors were submitted" in excerpt.splitlines()[0], excerpt
+    assert "Will shutdown" in excerpt, excerpt

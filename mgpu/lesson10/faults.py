@@ -14,10 +14,10 @@ notebook's (``elastic_train``, ``checkpoint_train``: its ``#@save`` cells, in :m
 - :func:`progress_summary` reads an elastic run's log: the sizes, the rollback, the seconds lost;
   :func:`trace_diff` compares a restarted run's weights with the killed run's, step by step.
 - :func:`uneven_epoch` is the hang: uneven shards give one rank one step fewer, so it never submits the
-  last gradient all-reduce. :func:`stall_report` reads the stall inspector's "Missing ranks:" report;
-  Horovod 0.28.1's prints none under Gloo (``GlooController`` reserves its list of ranks instead of sizing
-  it, so the inspector checks no rank), so :func:`watch_for_stall` watches the ranks' own notes of the
-  collectives they submit and reports in the same form; :func:`stall_named_rank` names the rank.
+  last gradient all-reduce. :func:`stall_report` reads the stall inspector's "Missing ranks:" report
+  (under Gloo it needs the course's patch ``05-gloo-stall-inspector-ranks``: Horovod 0.28.1's
+  ``GlooController`` reserves its list of ranks instead of sizing it, so its inspector checks no rank),
+  :func:`stall_excerpt` gives it as printed, and :func:`stall_named_rank` names the rank.
 """
 
 from __future__ import annotations
@@ -347,8 +347,9 @@ def uneven_epoch(folder: str, n_examples: int, batch: int, steps_for: Callable[[
     """One worker of an epoch over uneven shards: worker ``r`` takes examples ``r, r + size, ...`` of
     ``n_examples`` and runs ``steps_for(len(shard), batch)`` steps, each an all-reduce of its gradient named
     ``gradient``, then all-reduces its accuracy (``val_accuracy``). If the workers do not agree on the number
-    of steps, the ones with more wait for the others' last ``gradient`` forever. Before each collective a
-    worker notes its name in ``collectives/rank-<r>.log``: :func:`watch_for_stall` reads these notes.
+    of steps, the ones with more wait for the others' last ``gradient`` until Horovod's stall inspector
+    (``HOROVOD_STALL_CHECK_TIME_SECONDS``, ``HOROVOD_STALL_SHUTDOWN_TIME_SECONDS``) reports them and shuts
+    Horovod down.
     """
     import mgpu  # noqa: F401
     import horovod.tensorflow as hvd
@@ -356,13 +357,6 @@ def uneven_epoch(folder: str, n_examples: int, batch: int, steps_for: Callable[[
 
     hvd.init()
     register_worker(folder, rank=hvd.rank())
-    notes = Path(folder) / "collectives"
-    notes.mkdir(exist_ok=True)
-
-    def submit(name):
-        with open(notes / f"rank-{hvd.rank()}.log", "a") as log:
-            log.write(name + "\n")
-
     rng = np.random.default_rng(0)
     x = rng.normal(size=(n_examples, 4)).astype("float32")
     shard = x[hvd.rank()::hvd.size()]
@@ -379,9 +373,7 @@ def uneven_epoch(folder: str, n_examples: int, batch: int, steps_for: Callable[[
 
     steps = steps_for(len(shard), batch)
     for i in range(steps):
-        submit("gradient")
         step(shard[i * batch:(i + 1) * batch])
-    submit("val_accuracy")
     average(tf.constant(1.0))
     result = {"rank": hvd.rank(), "shard": len(shard), "steps": steps}
     everyone = hvd.allgather_object(result)
@@ -390,59 +382,45 @@ def uneven_epoch(folder: str, n_examples: int, batch: int, steps_for: Callable[[
     return result
 
 
-def collectives_report(folder: str | os.PathLike) -> dict[int, list[str]] | None:
-    """From the workers' notes, the first collective they disagree on, in the stall inspector's form:
-    ``{rank: [tensors the others submitted there and it did not]}``; None if they agree."""
-    logs = {int(p.stem.split("-")[1]): p.read_text().split() for p in Path(folder, "collectives").glob("rank-*.log")}
-    if not logs:
-        return None
-    for i in range(max(len(names) for names in logs.values())):
-        here = {rank: names[i] if i < len(names) else None for rank, names in logs.items()}
-        if len(set(here.values())) > 1:
-            submitted = {name for name in here.values() if name is not None}
-            return {rank: sorted(submitted - {name}) for rank, name in sorted(here.items())}
-    return None
-
-
-def watch_for_stall(job: "Job", quiet_seconds: float, timeout: float) -> dict[int, list[str]] | None:
-    """Wait for the job to end; if no worker submits a collective for ``quiet_seconds`` while it runs, take
-    the workers' report (:func:`collectives_report`) and end the job. Returns the report, or None if the job
-    ended by itself. (Horovod's own stall inspector does this from inside; under Gloo, Horovod 0.28.1's
-    checks an empty list of ranks and reports nothing.)"""
-    deadline, last, quiet_since = time.monotonic() + timeout, None, time.monotonic()
-    notes = Path(job.folder) / "collectives"
-    while job.popen.poll() is None and time.monotonic() < deadline:
-        size = sum(p.stat().st_size for p in notes.glob("rank-*.log")) if notes.exists() else 0
-        if size != last:
-            last, quiet_since = size, time.monotonic()
-        elif size and time.monotonic() - quiet_since > quiet_seconds:
-            report = collectives_report(job.folder)
-            if report:
-                job.close()
-                return report
-        time.sleep(0.1)
-    job.wait(timeout=max(1.0, deadline - time.monotonic()))
-    return None
-
-
 #: How horovodrun prefixes a worker's line: ``[rank]<stderr>:``.
 _PREFIX = re.compile(r"^\[\d+\]<std(?:out|err)>:")
 
 
-def stall_report(output: str) -> dict[int, list[str]] | None:
-    """The first stall inspector report in a job's output, as ``{rank: [tensors it has not submitted]}``
-    (the "Missing ranks:" lines; a ``!`` after a rank marks it for shutdown). None if there is none."""
+def _last_stall_report(output: str) -> list[str] | None:
+    """The lines of the stall inspector's last report in a job's output (its message, "Missing ranks:",
+    one line per rank, and the shutdown notice if any), without horovodrun's prefixes; None if none."""
     lines = [_PREFIX.sub("", line) for line in output.splitlines()]
+    found = None
     for i, line in enumerate(lines):
         if line.rstrip().endswith("Missing ranks:"):
-            missing = {}
-            for entry in lines[i + 1:]:
-                match = re.match(r"^(\d+)!?: \[(.*)\]\s*$", entry.strip())
-                if not match:
-                    break
-                missing[int(match.group(1))] = [t.strip() for t in match.group(2).split(",") if t.strip() != "..."]
-            return missing
-    return None
+            start = i - 1 if i and "One or more tensors" in lines[i - 1] else i
+            end = i + 1
+            while end < len(lines) and re.match(r"^\d+!?: \[", lines[end].strip()):
+                end += 1
+            if end < len(lines) and "Will shutdown" in lines[end]:
+                end += 1
+            found = lines[start:end]
+    return found
+
+
+def stall_report(output: str) -> dict[int, list[str]] | None:
+    """The stall inspector's last report in a job's output, as ``{rank: [tensors it has not submitted]}``
+    (the "Missing ranks:" lines; a ``!`` after a rank marks it for shutdown). None if there is none."""
+    report = _last_stall_report(output)
+    if report is None:
+        return None
+    missing = {}
+    for entry in report:
+        match = re.match(r"^(\d+)!?: \[(.*)\]\s*$", entry.strip())
+        if match:
+            missing[int(match.group(1))] = [t.strip() for t in match.group(2).split(",") if t.strip() != "..."]
+    return missing
+
+
+def stall_excerpt(output: str) -> str | None:
+    """The stall inspector's last report in a job's output as the coordinator printed it; None if none."""
+    report = _last_stall_report(output)
+    return None if report is None else "\n".join(report)
 
 
 def stall_named_rank(report: Mapping[int, Sequence[str]]) -> int:

@@ -1,9 +1,9 @@
 """Building Horovod 0.28.1 from its sdist, with the course's patches, into a cached wheel.
 
 Horovod publishes no wheels and no release after 0.28.1, which predates TensorFlow 2.16. The course
-carries the few changes that make it build and work against TensorFlow 2.20 with tf_keras, and
-one that makes its warm-up callbacks' momentum correction work with Keras's own optimizers on both
-stacks, as patch files in ``patches/horovod-0.28.1/`` (each says what it fixes and why). ``scripts/setup.sh`` and Colab's first cell (``mgpu.runtime.colab``) both call this module:
+carries the few changes that make it build and work against TensorFlow 2.20 with tf_keras, one
+that makes its warm-up callbacks' momentum correction work with Keras's own optimizers on both
+stacks, and one that lets its stall inspector check every rank under Gloo, as patch files in ``patches/horovod-0.28.1/`` (each says what it fixes and why). ``scripts/setup.sh`` and Colab's first cell (``mgpu.runtime.colab``) both call this module:
 
     python -m mgpu.runtime.horovod_build [--kind cpu|gpu] [--cache DIR]
 
