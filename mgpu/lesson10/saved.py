@@ -134,13 +134,13 @@ def checkpoint_train(folder, config, trace):
         mine = order[hvd.rank() * batch:(hvd.rank() + 1) * batch]
         train_step(x[mine], y[mine])
         step += 1
-        if hvd.rank() == 0:
+        if hvd.rank() == 0:  # the step's record first: a checkpoint is never ahead of the log
             np.save(trace / f"step-{step:04d}.npy", flat_weights(model.variables))
+            log_event(folder, event="step", step=step)
             if step % config["checkpoint_every"] == 0:  # a temporary file renamed over the last one
                 tmp = checkpoint.with_name("checkpoint.tmp.npz")
                 np.savez(tmp, step=step, **{f"v{i}": v.numpy() for i, v in enumerate(variables)})
                 os.replace(tmp, checkpoint)
-            log_event(folder, event="step", step=step, checkpointed=step % config["checkpoint_every"] == 0)
         time.sleep(config.get("step_s", 0.0))
     mine = flat_weights(model.variables)
     spread = max(float(np.abs(w - mine).max()) for w in hvd.allgather_object(mine))
