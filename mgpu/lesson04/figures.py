@@ -54,7 +54,7 @@ def scaling(images_per_s: dict, name: str = "04_scaling", real_cores: dict | Non
         left.plot(workers, [rates[w] / rates[workers[0]] * workers[0] for w in workers], style, color=colour,
                   label=text)
     left.set_xlabel("workers (Horovod processes)")
-    left.set_ylabel("speed-up over one worker (images/s)")
+    left.set_ylabel("speed-up over one worker (ratio of images/s)")
     left.set_xticks(workers)
     left.legend(fontsize=8)
     left.grid(alpha=0.3)
