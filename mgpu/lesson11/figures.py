@@ -58,7 +58,7 @@ def batching_delay_tradeoff(measured: dict, predicted: dict, throughput: dict, n
     left.plot([], [], "k:", lw=1, label="no batching (same colour)")
     left.set_yscale("log")
     left.set_ylabel("mean latency (ms, log scale)")
-    left.set_title("Waiting adds to latency; without batching, the top load queues", fontsize=10)
+    left.set_title("Latency against the batching delay; without batching, the top load queues", fontsize=10)
     right.set_ylabel("requests answered per second")
     right.set_ylim(bottom=0)
     right.set_title("Throughput: requests answered per second against the rate sent", fontsize=10)
