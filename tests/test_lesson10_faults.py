@@ -2,6 +2,7 @@
 redoes its steps bit for bit, and a hang whose stalled rank is named. The multi-process tests start real
 horovodrun jobs (a few tens of seconds together on an idle 2-core machine)."""
 
+import json
 import os
 import signal
 import time
@@ -84,6 +85,34 @@ def test_an_elastic_job_survives_a_sigkill_and_rolls_back_to_a_commit(tmp_path):
     assert result["size"] == 2 and 0.0 <= result["accuracy"] <= 1.0
     # Every epoch ran to its end: 1536 examples in steps of 3 x 32, then of 2 x 32.
     assert result["examples"] == 2 * 1536
+
+
+@pytest.mark.slow
+def test_a_worker_that_joins_after_a_failure_ends_the_job_cleanly_under_its_own_rank(tmp_path):
+    # Kill rank 0 of 3, so that the ranks are dealt anew, then bring its host back: the new worker is
+    # started with the HOROVOD_RANK of a survivor. Each worker must report under the rank it ends with (once
+    # two wrote the same status file at the same moment and one crashed, failing the whole job).
+    hosts = faults.loopback_hosts(3)
+    # ~20 s of steps after the kill: time for the host's cool-down and a new worker's start
+    config = dict(seed=4, n_train=3072, n_test=256, width=16, batch=32, lr=0.02, epochs=8, commit_every=4,
+                  device_ms=40, join_timeout=60)
+    with faults.Job(saved.elastic_train, (config,), tmp_path / "job", np=3, min_np=2, max_np=3, cooldown=(1, 2),
+                    discovery={h: 1 for h in hosts}, env={"HOROVOD_GLOO_TIMEOUT_SECONDS": "10"}) as job:
+        job.wait_for(lambda events: any(e.get("step", 0) >= 10 for e in events), 300, "step 10")
+        victim = next(w for w in job.workers() if w["rank"] == 0)
+        os.kill(victim["pid"], signal.SIGKILL)
+        killed_at = time.time()
+        job.set_hosts({h: 1 for h in hosts if h != victim["host"]})
+        after_kill = lambda events: [e for e in events if e["t"] > killed_at and e["event"] == "reset"]
+        job.wait_for(lambda events: any(e["size"] == 2 for e in after_kill(events)), 300, "the survivors to regroup")
+        job.set_hosts({h: 1 for h in hosts})
+        job.wait_for(lambda events: any(e["size"] == 3 for e in after_kill(events)), 300, "a new worker to join")
+        status = job.wait(timeout=300)
+    assert status == 0, job.output[-3000:]
+    assert not faults.leftover_processes(job)
+    assert sorted(p.name for p in job.job_dir.glob("status-*")) == ["status-0.json", "status-1.json", "status-2.json"]
+    assert all(json.loads(p.read_text())["status"] == "ok" for p in job.job_dir.glob("status-*.json"))
+    assert job.result()["size"] == 3
 
 
 @pytest.mark.slow

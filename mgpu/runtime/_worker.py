@@ -3,6 +3,10 @@
 It loads the job the launcher pickled, pins this worker's device, runs the function (or the
 script as ``__main__``) and leaves a status file per rank, plus rank 0's return value, in the job
 folder. A worker that is killed or crashes leaves no status: the launcher reports it as such.
+
+The rank is the one the worker ends with: an elastic job deals the ranks anew when workers leave or
+join, so the ``HOROVOD_RANK`` a worker was started with may by then be another worker's (a worker that
+joins after a failure is started with a rank a survivor started with too).
 """
 
 import json
@@ -16,9 +20,21 @@ import cloudpickle
 
 
 def _write_json(path: Path, payload: dict) -> None:
-    tmp = path.with_name(path.name + ".tmp")
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")  # this process's own: never another's half-written file
     tmp.write_text(json.dumps(payload))
     os.replace(tmp, path)
+
+
+def _final_rank(started_as: int) -> int:
+    """This worker's Horovod rank now, if the job's function initialised Horovod; else the one it started with."""
+    for name in ("horovod.tensorflow", "horovod.torch"):
+        module = sys.modules.get(name)
+        try:
+            if module is not None and module.is_initialized():
+                return int(module.rank())
+        except (ValueError, RuntimeError):  # shut down by the function
+            pass
+    return started_as
 
 
 def main(job_dir: str) -> int:
@@ -39,8 +55,9 @@ def main(job_dir: str) -> int:
         pin_gpu()
         if job["kind"] == "function":
             value = job["fn"](*job["args"], **job["kwargs"])
+            rank = _final_rank(rank)
             if rank == 0:
-                tmp = job_path / "result.pkl.tmp"
+                tmp = job_path / f"result.pkl.{os.getpid()}.tmp"
                 with open(tmp, "wb") as f:
                     cloudpickle.dump(value, f)
                 os.replace(tmp, job_path / "result.pkl")
@@ -57,6 +74,7 @@ def main(job_dir: str) -> int:
     except BaseException as error:  # noqa: BLE001 - report anything, then fail the rank
         traceback.print_exc()
         status, code = f"{type(error).__name__}: {error}".splitlines()[0][:500], 1
+    rank = _final_rank(rank)
     _write_json(job_path / f"status-{rank}.json", {"status": status})
     sys.stdout.flush()
     sys.stderr.flush()
