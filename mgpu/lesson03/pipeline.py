@@ -488,8 +488,8 @@ def _describe_on_device(r: StageResult) -> str:
     p, d = r.pipeline_rate, r.ceiling_rate
     measured = f"measured {r.fraction_of_ceiling:.2f}x"
     if not r.stage.overlaps:
-        return (f"{r.stage.name}: starved, waits for every batch. A step takes preparing the batch ({1e3 / p:.1f} ms "
-                f"per image alone) plus the accelerator's step ({1e3 / d:.1f} ms per image), which predicts "
+        return (f"{r.stage.name}: starved, waits for every batch. A step takes preparing the batch ({1e3 / p:.2f} ms "
+                f"per image alone) plus the accelerator's step ({1e3 / d:.2f} ms per image), which predicts "
                 f"{r.predicted_fraction:.2f}x the accelerator's rate; {measured}.")
     verdict = "fed" if r.fraction_of_ceiling >= FED else "starved"
     predicted = r.predicted_fraction

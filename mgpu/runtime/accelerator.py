@@ -15,8 +15,8 @@ worker a *modelled device* (``COURSE_MAP.md``, "The simulated accelerator"):
 
 So a step costs ``device time + all-reduce``, as on a GPU without overlap. The device is slower than
 the workers' math: :func:`calibrate` times the model's step with all the workers computing at once,
-as they will, and slows that by a margin, so that every worker's math fits inside its device's time;
-:attr:`ModelledDevice.overruns` counts the steps where it did not. The single-worker baseline runs on
+as they will, and slows that by a margin, to leave room for every worker's math inside its device's
+time; :attr:`ModelledDevice.overruns` counts the steps where it did not fit. The single-worker baseline runs on
 the same profile.
 
 In a training script (one line; a no-op where the worker has a GPU or no profile was given)::
@@ -108,7 +108,7 @@ def profile_from_rate(name: str, train_s: float, eval_s: float, *, workers: int,
     return Profile(name=name, train_s_per_example=train_s * margin, eval_s_per_example=eval_s * margin,
                    basis=f"Its speed: the model's step timed with all {workers} worker{'s' if workers > 1 else ''} "
                          f"computing at once on this machine's {cores} core{'s' if cores > 1 else ''}, "
-                         f"then made {margin:g}x slower, so that every worker's math fits in its device's time.")
+                         f"then made {margin:g}x slower, to leave room for every worker's math in its device's time.")
 
 
 def _time_together(build: Callable, shape, classes: int, batch: int, steps: int, seed: int) -> dict:
