@@ -42,7 +42,7 @@ def collective_costs(rows, fits, formula=None, name: str = "07_collective_costs"
         ax.legend(fontsize=7, loc="best")
     axes[0][0].set_ylabel("time per call (ms)")
     fig.suptitle("Collectives on Horovod: measured (points) and the fitted line time = a + n / b\n"
-                 "(curved on these log-log axes: the latency a rules small messages, the slope 1/b large ones)",
+                 "(curved on these log-log axes: in the model, the latency a rules small messages, the slope 1/b large ones)",
                  fontsize=10)
     fig.tight_layout()
     save_figure(fig, name)
